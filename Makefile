@@ -1,0 +1,48 @@
+# sidestream — run `make help` for the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+.PHONY: install
+install: $(STAMP) ## Create .venv and install sidestream editable with the dev extra (quick when nothing changed).
+
+.PHONY: run
+run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on localhost (Ctrl-C stops both).
+	$(BIN)/python -m sidecar.demo
+
+.PHONY: test
+test: $(STAMP) ## Run the test suite with coverage.
+	$(BIN)/pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: $(STAMP) ## ruff format --check and ruff check.
+	$(BIN)/ruff format --check middleware sidecar tests bench
+	$(BIN)/ruff check middleware sidecar tests bench
+
+.PHONY: check
+check: lint ## lint, then mypy --strict on both packages.
+	$(BIN)/mypy middleware sidecar
+
+.PHONY: fmt
+fmt: $(STAMP) ## Format and autofix with ruff.
+	$(BIN)/ruff format middleware sidecar tests bench
+	$(BIN)/ruff check --fix middleware sidecar tests bench
+
+.PHONY: clean
+clean: ## Remove the virtualenv and caches.
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage htmlcov *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

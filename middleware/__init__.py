@@ -1,0 +1,1 @@
+"""sidestream's stream engine: ASGI middleware that keeps LLM token streams healthy."""
