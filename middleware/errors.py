@@ -93,3 +93,13 @@ class ShuttingDown(StreamError):
     outcome = Outcome.SHUTDOWN
     retryable = True
     default_message = "the server is shutting down; retry the request"
+
+
+class TooManyStreams(StreamError):
+    """Load shedding: the request is refused before it reaches the app."""
+
+    status = 503
+    type = "unavailable"
+    code = "too_many_streams"
+    retryable = True
+    default_message = "this server holds its maximum number of streams; retry shortly"

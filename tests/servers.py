@@ -60,7 +60,7 @@ async def serve(app: ASGIApp, server: Server = "uvicorn-httptools", **options: A
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
-            sock.close()
+            sock.detach()  # hypercorn closed the descriptor itself
         return
 
     http = "httptools" if server == "uvicorn-httptools" else "h11"

@@ -1,0 +1,394 @@
+"""One request's trip through StreamGuard: relay, deadlines, disconnect watcher, terminal event.
+
+The guard's rules live in ../shared/design.md ("What StreamGuard does to a streaming
+response"); this module is their per-request state machine. Per chunk the relay stores the
+clock, advances the O(1) line state, scans for the first token while it has not come (or
+for telemetry when asked), and awaits the server's `send`: nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from middleware.dialects import Dialect, StreamStats, select, sniff
+from middleware.errors import (
+    FirstTokenTimeout,
+    IdleTimeout,
+    MaxDuration,
+    Outcome,
+    ShuttingDown,
+    StreamError,
+    UpstreamError,
+)
+from middleware.framing import (
+    DECODABLE,
+    Inflater,
+    error_response,
+    media_type,
+    stream_headers,
+    terminal_event,
+)
+from middleware.sse import LineState, SSEScanner, advance
+from middleware.types import Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from middleware.guard import StreamGuard
+
+logger = logging.getLogger("sidestream")
+
+BOM = b"\xef\xbb\xbf"
+KEEPALIVE = b": keep-alive\n"
+DISCONNECT: Message = {"type": "http.disconnect"}
+STASH_MESSAGES = 16  # request-body messages held for an app that streams before reading its body
+
+
+class Cycle:
+    """Per-request state. Created by StreamGuard.__call__, never shared between requests."""
+
+    def __init__(self, guard: StreamGuard, scope: Scope, receive: Receive, send: Send) -> None:
+        self.guard = guard
+        self.scope = scope
+        self.client_receive = receive
+        self.downstream = send
+        self.loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "StreamGuard runs inside a task"
+        self.task = task
+        now = self.loop.time()
+        self.started = self.last_chunk = self.last_write = now
+        self.first_token_at: float | None = None
+        self.sending_since: float | None = None
+        self.running = False  # the app is running and may be cancelled
+        self.headers_sent = False
+        self.streaming = False  # a guarded stream: SSE or another configured type
+        self.sse = False
+        self.complete = False  # the final body message has been handed to the server
+        self.body_done = False
+        self.client_gone = False
+        self.gone: asyncio.Event | None = None
+        self.stash: asyncio.Queue[Message] | None = None
+        self.watcher: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.keepalive: asyncio.Task[None] | None = None
+        self.reason: StreamError | Outcome | None = None
+        self.line_state = LineState.EVENT
+        self.scanner: SSEScanner | None = None
+        self.dialect: Dialect | None = None
+        self.stats: StreamStats | None = None
+        self.inflater: Inflater | None = None
+        self.before_body = True  # no body byte relayed yet
+        self.wrote_before_body = False
+        self.chunks = self.bytes = self.keepalives = 0
+        self.outcome = Outcome.COMPLETED
+        self.cancelled_task = False
+
+    # -- the request ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        guard, task = self.guard, self.task
+        guard.registry.add(self)
+        base = task.cancelling()
+        self._arm(self._next_deadline(self.started))
+        error: StreamError | None = None
+        self.running = True
+        try:
+            await guard.app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:
+            if self.reason is None or (self.cancelled_task and task.uncancel() > base):
+                raise
+        except StreamError as exc:
+            error = exc
+        except Exception as exc:
+            if not self.streaming or self.complete:
+                raise
+            logger.exception("the application failed mid-stream", exc_info=exc)
+            error = UpstreamError("the application failed mid-stream")
+        else:
+            if self.cancelled_task and task.cancelling() > base:
+                task.uncancel()  # the app swallowed our cancellation and returned
+        finally:
+            self.running = False
+            self._stop_helpers()
+            guard.registry.discard(self)
+        reason = self.reason
+        if isinstance(reason, StreamError):
+            error = reason
+        elif reason is not None:
+            self.outcome = reason
+        if error is not None:
+            self.outcome = error.outcome
+            await self._fail(error)
+
+    def shut_down(self) -> None:
+        """Drain: end this request now with a retryable error (StreamRegistry.drain)."""
+        self._abort(ShuttingDown())
+
+    def _abort(self, reason: StreamError | Outcome) -> None:
+        if self.reason is None and self.running and not self.complete:
+            self.reason = reason
+            # One loop turn later, so an app waiting in receive() hears http.disconnect first.
+            self.loop.call_soon(self._cancel_app)
+
+    def _cancel_app(self) -> None:
+        if self.running:
+            self.cancelled_task = True
+            self.task.cancel()
+
+    def _stop_helpers(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.keepalive is not None and self.reason is Outcome.SLOW_CLIENT:
+            self.keepalive.cancel()
+
+    async def _fail(self, error: StreamError) -> None:
+        if not self.headers_sent:
+            retry_after = 1 if error.retryable else None
+            start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
+            await self.downstream(start)
+            await self.downstream(body)
+            return
+        if not self.streaming or self.complete or self.client_gone:
+            return  # a plain response already under way: the server closes the connection
+        if self.keepalive is not None:
+            await asyncio.wait((self.keepalive,))
+        dialect = self.dialect or select(self.scope.get("path", ""))
+        data = terminal_event(dialect, error.error_object(), self.line_state, sse=self.sse)
+        self.complete = True
+        try:
+            async with asyncio.timeout(self.guard.send_timeout):
+                await self.downstream({"type": "http.response.body", "body": data, "more_body": False})
+        except TimeoutError:
+            self.outcome = Outcome.SLOW_CLIENT
+
+    # -- the client side: request body and disconnects ---------------------------------------
+
+    async def receive(self) -> Message:
+        stash = self.stash
+        if stash is not None:
+            if self.client_gone and stash.empty():
+                return DISCONNECT
+            return await stash.get()
+        if self.body_done:
+            if not self.client_gone:
+                if self.gone is None:
+                    self.gone = asyncio.Event()
+                await self.gone.wait()
+            return DISCONNECT
+        message = await self.client_receive()
+        if message["type"] == "http.request":
+            if not message.get("more_body", False):
+                self.body_done = True
+                self._watch()
+        elif message["type"] == "http.disconnect":
+            self.body_done = True
+            self._client_left()
+        return message
+
+    def _watch(self) -> None:
+        if self.watcher is None and not self.complete and not self.client_gone:
+            self.watcher = self.loop.create_task(self._watch_client())
+
+    async def _watch_client(self) -> None:
+        """The one reader of the server's `receive` once the request body is in."""
+        receive = self.client_receive
+        while True:
+            message = await receive()
+            stash = self.stash
+            if message["type"] == "http.disconnect":
+                self._client_left()
+                if stash is not None:
+                    await stash.put(message)
+                return
+            if stash is not None:
+                await stash.put(message)
+                if not message.get("more_body", False):
+                    self.body_done = True
+
+    def _client_left(self) -> None:
+        self.client_gone = True
+        if self.gone is not None:
+            self.gone.set()
+        self._abort(Outcome.CLIENT_DISCONNECTED)
+
+    # -- the response side ---------------------------------------------------------------------
+
+    async def send(self, message: Message) -> None:
+        if self.streaming:
+            if message["type"] == "http.response.body":
+                await self._relay(message)
+            else:
+                await self.downstream(message)
+            return
+        if message["type"] == "http.response.start":
+            await self._start(message)
+            return
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
+        await self.downstream(message)
+
+    async def _start(self, message: Message) -> None:
+        headers = message.get("headers", ())
+        kind, encoding = media_type(headers)
+        self.headers_sent = True
+        status = message["status"]
+        if (
+            kind not in self.guard.content_types
+            or (encoding and encoding not in DECODABLE)
+            or status in (204, 304)
+            or self.scope.get("method") == "HEAD"
+        ):
+            if self.timer is not None:  # a plain response: no deadlines once it has begun
+                self.timer.cancel()
+                self.timer = None
+            await self.downstream(message)
+            return
+        self.streaming = True
+        self.sse = kind == b"text/event-stream"
+        if encoding:
+            self.inflater = Inflater(encoding)
+        if self.sse:
+            self.scanner = SSEScanner()
+            self.dialect = select(self.scope.get("path", ""))
+        if not self.body_done and self.watcher is None:
+            # The app streams before it has read the request body (a GET handler that never
+            # calls receive): the watcher reads it for the app and hands it over.
+            self.stash = asyncio.Queue(STASH_MESSAGES)
+            self._watch()
+        start: dict[str, Any] = dict(message)
+        start["headers"] = stream_headers(headers, decode=bool(encoding))
+        self.last_write = now = self.loop.time()
+        self._rearm(now)
+        await self.downstream(start)
+        # Servers that hold headers until the first body byte (hypercorn) send them now.
+        await self.downstream({"type": "http.response.body", "body": b"", "more_body": True})
+
+    async def _relay(self, message: Message) -> None:
+        if self.reason is not None:
+            # Stopped already. A server that drops writes to a gone client never suspends in
+            # send(), so the pending cancellation could not reach an app that sends in a loop.
+            raise asyncio.CancelledError
+        body: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.inflater is not None:
+            body = self.inflater.decompress(body) + (b"" if more else self.inflater.flush())
+            message = {"type": "http.response.body", "body": body, "more_body": more}
+        now = self.loop.time()
+        if body:
+            self.last_chunk = now
+            if self.before_body:
+                self.before_body = False
+                if self.wrote_before_body and body.startswith(BOM):
+                    # A BOM is only a BOM at the start of the stream; a keep-alive went first.
+                    body = body[3:]
+                    message = {"type": "http.response.body", "body": body, "more_body": more}
+            if self.scanner is not None:
+                self._scan(body, now)
+            elif self.first_token_at is None:
+                self.first_token_at = now
+            self.line_state = advance(self.line_state, body)
+            self.chunks += 1
+            self.bytes += len(body)
+        if not more:
+            self.complete = True
+        if self.keepalive is not None:
+            await asyncio.wait((self.keepalive,))
+        self.sending_since = self.last_write = now
+        try:
+            await self.downstream(message)
+        finally:
+            self.sending_since = None
+
+    def _scan(self, body: bytes, now: float) -> None:
+        assert self.scanner is not None
+        events = self.scanner.feed(body)
+        if not events:
+            return
+        dialect, stats = self.dialect, self.stats
+        for event in events:
+            if dialect is None:
+                dialect = self.dialect = sniff(event)
+            if self.first_token_at is None and dialect.is_token(event):
+                self.first_token_at = now
+            if stats is not None:
+                dialect.observe(event, stats)
+        if self.first_token_at is not None and stats is None:
+            self.scanner = None  # nothing more to learn per chunk
+
+    # -- the one timer ---------------------------------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        self.timer = self.loop.call_at(when, self._on_timer)
+
+    def _rearm(self, now: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self._arm(self._next_deadline(now))
+
+    def _next_deadline(self, now: float) -> float:
+        """The earliest moment something may be due.
+
+        Chunks move deadlines without touching the timer, so it also fires at least every
+        `guard.tick` (the shortest interval configured): a send or a first token that starts
+        a new deadline is seen by the timer before that deadline can pass.
+        """
+        guard = self.guard
+        when = now + guard.tick
+        if guard.max_duration is not None:
+            when = min(when, self.started + guard.max_duration)
+        if self.first_token_at is None:
+            if guard.first_token_timeout is not None:
+                when = min(when, self.started + guard.first_token_timeout)
+        elif guard.idle_timeout is not None:
+            when = min(when, self.last_chunk + guard.idle_timeout)
+        if self.sending_since is not None and guard.send_timeout is not None:
+            when = min(when, self.sending_since + guard.send_timeout)
+        if self.sse and guard.keepalive_interval is not None:
+            due = self.last_write + guard.keepalive_interval
+            when = min(when, due if due > now else now + guard.keepalive_interval)
+        return when
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if not self.running or self.complete or self.reason is not None:
+            return
+        guard, now = self.guard, self.loop.time()
+        if guard.max_duration is not None and now >= self.started + guard.max_duration:
+            self._abort(MaxDuration())
+            return
+        if self.first_token_at is None:
+            if guard.first_token_timeout is not None and now >= self.started + guard.first_token_timeout:
+                self._abort(FirstTokenTimeout())
+                return
+        elif guard.idle_timeout is not None and now >= self.last_chunk + guard.idle_timeout:
+            self._abort(IdleTimeout())
+            return
+        if self.sending_since is not None:
+            if guard.send_timeout is not None and now >= self.sending_since + guard.send_timeout:
+                self._abort(Outcome.SLOW_CLIENT)
+                return
+        elif (
+            self.sse
+            and guard.keepalive_interval is not None
+            and self.keepalive is None
+            and now >= self.last_write + guard.keepalive_interval
+            and self.line_state <= LineState.LINE
+        ):
+            self.keepalive = self.loop.create_task(self._write_keepalive(now))
+        self._arm(self._next_deadline(now))
+
+    async def _write_keepalive(self, now: float) -> None:
+        self.sending_since = now
+        if self.before_body:
+            self.wrote_before_body = True
+        try:
+            await self.downstream({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            self.keepalives += 1
+        finally:
+            self.sending_since = None
+            self.last_write = now
+            self.keepalive = None

@@ -1,0 +1,98 @@
+"""StreamGuard: pure-ASGI middleware that keeps token streams healthy on their way to the reader.
+
+`StreamGuard.__call__` only builds a per-request `_Cycle`; the middleware instance holds
+configuration and the process-wide `StreamRegistry`. The cycle runs the inner app in the
+server's own task and, for a streaming response, relays each chunk as the app sends it.
+
+Deliberate choices — do not "fix" these:
+
+- The inner app runs in the request's own task, and the guard cancels that task itself
+  (then uncancels it, as `asyncio.timeout` does) to stop the app on a disconnect or a timeout.
+  No extra task per request, and leaving the app's upstream context closes the upstream.
+- One lazy timer per stream (`loop.call_at`) serves every deadline: a chunk only stores the
+  clock; the timer, when it fires, looks at the stored times and re-arms itself. No timer
+  object is created per chunk.
+- Keep-alives are written by a short task started by that timer, never concurrently with the
+  app's own write (the app's `send` waits for it): one writer at a time.
+- The timer never interrupts an upstream read: cancelling an httpcore read closes its
+  connection, so only a real expiry cancels.
+- It needs an asyncio loop (uvicorn, hypercorn's asyncio worker); trio is not supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from middleware.cycle import Cycle
+from middleware.errors import ShuttingDown, StreamError, TooManyStreams
+from middleware.framing import error_response
+from middleware.registry import StreamRegistry
+from middleware.types import ASGIApp, Receive, Scope, Send
+
+logger = logging.getLogger("sidestream")
+
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+
+
+class StreamGuard:
+    """Wrap an ASGI app so its SSE / NDJSON responses stream safely.
+
+    Every timeout is in seconds; `None` turns it off.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keepalive_interval: float | None = 15.0,
+        first_token_timeout: float | None = 300.0,
+        idle_timeout: float | None = 120.0,
+        max_duration: float | None = 3600.0,
+        send_timeout: float | None = 60.0,
+        content_types: Sequence[str] = (SSE, NDJSON),
+        max_streams: int | None = None,
+        registry: StreamRegistry | None = None,
+    ) -> None:
+        for name, value in (
+            ("keepalive_interval", keepalive_interval),
+            ("first_token_timeout", first_token_timeout),
+            ("idle_timeout", idle_timeout),
+            ("max_duration", max_duration),
+            ("send_timeout", send_timeout),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds or None, not {value!r}")
+        self.app = app
+        self.keepalive_interval = keepalive_interval
+        self.first_token_timeout = first_token_timeout
+        self.idle_timeout = idle_timeout
+        self.max_duration = max_duration
+        self.send_timeout = send_timeout
+        intervals = [t for t in (keepalive_interval, idle_timeout, send_timeout) if t is not None]
+        self.tick = min(intervals, default=60.0)
+        self.content_types = frozenset(t.lower().encode() for t in content_types)
+        self.max_streams = max_streams
+        self.registry = registry if registry is not None else StreamRegistry()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        registry = self.registry
+        if registry.draining:
+            await _reject(send, ShuttingDown(), retry_after=1)
+            return
+        if self.max_streams is not None and len(registry) >= self.max_streams:
+            await _reject(send, TooManyStreams(), retry_after=1)
+            return
+        await Cycle(self, scope, receive, send).run()
+
+
+async def _reject(send: Send, error: StreamError, *, retry_after: int) -> None:
+    start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
+    await send(start)
+    await send(body)
+    logger.debug("rejected a request: %s", error.code)
