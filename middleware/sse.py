@@ -94,10 +94,11 @@ class SSEScanner:
         "_discard",
         "_event",
         "_id",
+        "_parts",
+        "_pending",
         "_retry",
         "_start",
         "_state",
-        "_tail",
         "max_line",
         "truncated",
     )
@@ -106,7 +107,8 @@ class SSEScanner:
         self.max_line = max_line
         self.truncated = 0  # lines cut because they exceeded max_line bytes
         self._state = LineState.EVENT
-        self._tail = b""  # the incomplete last line (at the start: a partial BOM)
+        self._parts: list[bytes] = []  # the incomplete last line (at the start: a partial BOM)
+        self._pending = 0  # its length in bytes, at most max_line
         self._start = True  # the BOM check is still to do
         self._cr = False  # the last chunk ended in CR: drop one LF that starts the next
         self._discard = False  # the tail is full (max_line): drop bytes up to the terminator
@@ -126,12 +128,13 @@ class SSEScanner:
             return []
         self._state = advance(self._state, chunk)
         if self._start:
-            chunk = self._tail + chunk
+            if self._parts:
+                chunk = self._parts.pop() + chunk
             if len(chunk) < 3 and _BOM.startswith(chunk):
-                self._tail = chunk  # maybe a BOM split across chunks: wait for more
+                self._parts, self._pending = [chunk], len(chunk)  # maybe a split BOM: wait
                 return []
             self._start = False
-            self._tail = b""
+            self._pending = 0
             if chunk.startswith(_BOM):
                 chunk = chunk[3:]
         if self._cr:
@@ -144,24 +147,37 @@ class SSEScanner:
                 return []
             self._discard = False
             chunk = chunk[found.start() :]
-        if b"\r" in chunk:  # the tail never holds a CR: it is normalised already
+        if b"\r" in chunk:  # the carried parts never hold a CR: they are normalised already
             self._cr = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if b"\n" not in chunk:
-            self._carry(self._tail + chunk)
+        parts = self._parts
+        if b"\n" not in chunk:  # keep the pieces, join them once the line ends: no O(n^2)
+            if chunk:
+                parts.append(chunk)
+                self._pending += len(chunk)
+                if self._pending > self.max_line:
+                    self._truncate()
             return []
-        lines = (self._tail + chunk if self._tail else chunk).split(b"\n")
+        if parts:
+            parts.append(chunk)
+            chunk = b"".join(parts)
+            parts.clear()
+            self._pending = 0
+        lines = chunk.split(b"\n")
         tail = lines.pop()
-        if tail or self._tail:
-            self._carry(tail)
+        if tail:
+            parts.append(tail)
+            self._pending = len(tail)
+            if self._pending > self.max_line:
+                self._truncate()
         return self._lines(lines)
 
-    def _carry(self, tail: bytes) -> None:
-        if len(tail) > self.max_line:
-            tail = tail[: self.max_line]
-            self.truncated += 1
-            self._discard = True
-        self._tail = tail
+    def _truncate(self) -> None:
+        """Cut the carried line to max_line bytes and drop the rest of it as it arrives."""
+        self._parts = [b"".join(self._parts)[: self.max_line]]
+        self._pending = self.max_line
+        self.truncated += 1
+        self._discard = True
 
     def _lines(self, lines: list[bytes]) -> list[Event]:
         events: list[Event] = []
