@@ -131,7 +131,8 @@ _CHAT_TOKEN = re.compile(
     r'"(?:content|reasoning_content|reasoning|refusal|arguments)"\s*:\s*"(?!")'
 )
 _COMPLETION_TOKEN = re.compile(r'"text"\s*:\s*"(?!")')
-_OPENAI_RARE = re.compile(r'"usage"\s*:\s*\{|"finish_reason"\s*:\s*"')
+_USAGE = re.compile(r'"usage"\s*:\s*\{')
+_FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
 
 
 class OpenAIChat(Dialect):
@@ -149,7 +150,11 @@ class OpenAIChat(Dialect):
         if data == "[DONE]":
             stats.done = True
             return
-        if stats.events != 1 and _OPENAI_RARE.search(data) is None:
+        if (
+            stats.events != 1
+            and ('"usage"' not in data or _USAGE.search(data) is None)
+            and _FINISH_REASON.search(data) is None
+        ):
             return
         obj = _loads(data, stats)
         _identify(obj, stats)

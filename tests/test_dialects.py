@@ -183,6 +183,27 @@ def test_openai_chat(variant: Any) -> None:
     assert (stats.input_tokens, stats.output_tokens) == (9, 1)
 
 
+@pytest.mark.parametrize(
+    ("path", "stream", "events"),
+    [
+        ("/v1/chat/completions", VLLM_CHAT, 3),
+        ("/v1/completions", VLLM_COMPLETIONS, 2),
+        ("/v1/responses", RESPONSES, 5),
+        ("/v1/messages", ANTHROPIC, 4),
+        ("generic", VLLM_CHAT, 3),
+    ],
+)
+def test_cut_stream_keeps_id_and_model(path: str, stream: bytes, events: int) -> None:
+    """A stream cut before its end (a disconnect) still reports id, model and partial tokens."""
+    dialect = select(path) or sniff(Event("message", "", None, None))
+    assert dialect.name == path or path.startswith("/")
+    cut = b"\n\n".join(stream.split(b"\n\n")[:events]) + b"\n\n"
+    stats, flags = run(dialect, cut)
+    assert stats.events == events and stats.tokens == sum(flags) > 0
+    assert stats.response_id is not None and stats.response_model is not None
+    assert (stats.done, stats.finish_reasons) == (False, [])
+
+
 @VARIANTS
 def test_vllm_completions(variant: Any) -> None:
     """Completions: a non-empty `text` is a token, "" is not; usage from the final chunk."""
