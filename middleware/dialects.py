@@ -1,0 +1,360 @@
+"""Per-format knowledge of LLM event streams: tokens, usage, ids, finish reasons, error events.
+
+A dialect is chosen by request path (`select`), else by the shape of the first event
+(`sniff`). Dialects are stateless singletons; all per-stream state is in `StreamStats`.
+
+Hot path: `is_token` and `observe` decide with precompiled regexes and substring checks on
+`event.data` and call `json.loads` only for the few events that carry something rare (the
+first event, usage, a finish reason, the end-of-stream summary). The regexes look for
+`"key": value` with the key's quotes unescaped, which text inside a JSON string can never
+produce (its quotes are escaped), so content that merely mentions a key does not fool them.
+
+Deliberate choices (do not "fix" these):
+
+- Generated tokens that are not visible text still count as tokens, because the first-token
+  timeout must not fire while a model reasons or writes a tool call: OpenAI
+  `reasoning_content` / `reasoning` / `refusal` / tool-call `arguments`, Anthropic
+  `thinking_delta` / `input_json_delta`, every Responses `response.*.delta`.
+- `tokens` counts events that carry content, not model tokens; exact counts come from usage.
+- `done` means the stream ended the way its protocol ends a *successful* stream: an upstream
+  error event or a Responses `response.failed` does not set it.
+- Malformed JSON never raises: it is counted in `StreamStats.malformed` and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from middleware.sse import Event
+
+__all__ = ["Dialect", "StreamStats", "select", "sniff"]
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What `Dialect.observe` learned about one stream; read by telemetry at its end."""
+
+    events: int = 0  # events observed
+    tokens: int = 0  # events that carried content (see Dialect.is_token)
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    input_tokens: int | None = None  # from usage, when the stream reports it
+    output_tokens: int | None = None
+    done: bool = False  # saw the dialect's end-of-stream marker
+    malformed: int = 0  # events whose JSON could not be parsed where it was needed
+
+
+def _loads(data: str, stats: StreamStats) -> dict[str, Any]:
+    """The event's JSON object, or {} (counted as malformed) when it is not one."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        obj = None
+    if isinstance(obj, dict):
+        return obj
+    stats.malformed += 1
+    return {}
+
+
+def _dict(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _int(obj: dict[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _identify(obj: dict[str, Any], stats: StreamStats) -> None:
+    """Take the response id and model from `obj` where the stats do not have them yet."""
+    if stats.response_id is None:
+        stats.response_id = _str(obj, "id")
+    if stats.response_model is None:
+        stats.response_model = _str(obj, "model")
+
+
+def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    """One complete SSE event; json.dumps escapes newlines, so `data` is one line."""
+    line = "data: " + json.dumps(data, separators=(",", ":")) + "\n\n"
+    return (line if event is None else f"event: {event}\n{line}").encode()
+
+
+_TYPE = re.compile(r'"type"\s*:\s*"([^"\\]*)"')
+
+
+def _type(event: Event) -> str:
+    """The event's type: its `event:` field, else the first "type" key of its data."""
+    if event.event != "message":
+        return event.event
+    match = _TYPE.search(event.data)
+    return match.group(1) if match else ""
+
+
+class Dialect:
+    """Generic fallback: every data event except `[DONE]` is a chunk carrying content."""
+
+    name = "generic"
+    operation = "chat"
+
+    def is_token(self, event: Event) -> bool:
+        return event.data != "[DONE]" and event.data != ""
+
+    def observe(self, event: Event, stats: StreamStats) -> None:
+        """Update `stats` from one event. Never raises on malformed data."""
+        stats.events += 1
+        if self.is_token(event):
+            stats.tokens += 1
+        self._details(event, stats)
+
+    def _details(self, event: Event, stats: StreamStats) -> None:
+        if event.data == "[DONE]":
+            stats.done = True
+        elif stats.events == 1 and event.data.startswith("{"):
+            _identify(_loads(event.data, stats), stats)
+
+    def error_event(self, error: dict[str, str]) -> bytes:
+        """One complete terminal SSE event carrying `error` (message, type, code)."""
+        return _sse({"error": error})
+
+
+_CHAT_TOKEN = re.compile(
+    r'"(?:content|reasoning_content|reasoning|refusal|arguments)"\s*:\s*"(?!")'
+)
+_COMPLETION_TOKEN = re.compile(r'"text"\s*:\s*"(?!")')
+_USAGE = re.compile(r'"usage"\s*:\s*\{')
+_FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
+
+
+class OpenAIChat(Dialect):
+    """OpenAI chat completions chunks, as OpenAI, vLLM, TGI's /v1 and llama.cpp send them."""
+
+    name = "openai.chat"
+    operation = "chat"
+    _token = _CHAT_TOKEN
+
+    def is_token(self, event: Event) -> bool:
+        return self._token.search(event.data) is not None
+
+    def _details(self, event: Event, stats: StreamStats) -> None:
+        data = event.data
+        if data == "[DONE]":
+            stats.done = True
+            return
+        if (
+            stats.events != 1
+            and ('"usage"' not in data or _USAGE.search(data) is None)
+            and _FINISH_REASON.search(data) is None
+        ):
+            return
+        obj = _loads(data, stats)
+        _identify(obj, stats)
+        choices = obj.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            reason = _str(choice, "finish_reason") if isinstance(choice, dict) else None
+            if reason is not None:
+                stats.finish_reasons.append(reason)
+        usage = _dict(obj, "usage")
+        if usage:
+            stats.input_tokens = _int(usage, "prompt_tokens")
+            stats.output_tokens = _int(usage, "completion_tokens")
+
+
+class OpenAICompletions(OpenAIChat):
+    """OpenAI legacy completions chunks (`choices[].text`)."""
+
+    name = "openai.completions"
+    operation = "text_completion"
+    _token = _COMPLETION_TOKEN
+
+
+_DELTA = re.compile(r'"delta"\s*:\s*"(?!")')
+_RESPONSE_ENDS = {"response.completed": True, "response.incomplete": True, "response.failed": False}
+
+
+class OpenAIResponses(Dialect):
+    """OpenAI Responses API: `event: response.*` with a JSON `type` repeating the event name."""
+
+    name = "openai.responses"
+    operation = "chat"
+
+    def is_token(self, event: Event) -> bool:
+        kind = _type(event)
+        return (
+            kind.startswith("response.")
+            and kind.endswith(".delta")
+            and _DELTA.search(event.data) is not None
+        )
+
+    def _details(self, event: Event, stats: StreamStats) -> None:
+        kind = _type(event)
+        end = _RESPONSE_ENDS.get(kind)
+        if end is None and stats.events != 1 and kind != "response.created":
+            return
+        response = _dict(_loads(event.data, stats), "response")
+        _identify(response, stats)
+        if end is None:
+            return
+        stats.done = end
+        status = _str(response, "status")
+        if status is not None:
+            stats.finish_reasons.append(status)
+        usage = _dict(response, "usage")
+        if usage:
+            stats.input_tokens = _int(usage, "input_tokens")
+            stats.output_tokens = _int(usage, "output_tokens")
+
+    def error_event(self, error: dict[str, str]) -> bytes:
+        body = {"type": "error", "code": error.get("code"), "message": error.get("message")}
+        return _sse({**body, "param": None}, event="error")
+
+
+_ANTHROPIC_TOKEN = re.compile(r'"(?:text|thinking|partial_json)"\s*:\s*"(?!")')
+_ANTHROPIC_EVENTS = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+        "ping",
+    }
+)
+# Our error types (middleware.errors) to Anthropic's documented error types.
+_ANTHROPIC_ERROR_TYPES = {"timeout": "timeout_error", "unavailable": "overloaded_error"}
+
+
+class Anthropic(Dialect):
+    """Anthropic Messages: `event: message_start`, `content_block_delta`, ..., `message_stop`."""
+
+    name = "anthropic"
+    operation = "chat"
+
+    def is_token(self, event: Event) -> bool:
+        return (
+            _type(event) == "content_block_delta"
+            and _ANTHROPIC_TOKEN.search(event.data) is not None
+        )
+
+    def _details(self, event: Event, stats: StreamStats) -> None:
+        kind = _type(event)
+        if kind == "message_start":
+            message = _dict(_loads(event.data, stats), "message")
+            _identify(message, stats)
+            usage = _dict(message, "usage")
+            stats.input_tokens = _int(usage, "input_tokens")
+            stats.output_tokens = _int(usage, "output_tokens")
+        elif kind == "message_delta":
+            obj = _loads(event.data, stats)
+            reason = _str(_dict(obj, "delta"), "stop_reason")
+            if reason is not None:
+                stats.finish_reasons.append(reason)
+            usage = _dict(obj, "usage")
+            for key in ("input_tokens", "output_tokens"):
+                value = _int(usage, key)
+                if value is not None:
+                    setattr(stats, key, value)
+        elif kind == "message_stop":
+            stats.done = True
+
+    def error_event(self, error: dict[str, str]) -> bytes:
+        kind = _ANTHROPIC_ERROR_TYPES.get(error.get("type", ""), "api_error")
+        return _sse(
+            {"type": "error", "error": {"type": kind, "message": error.get("message")}},
+            event="error",
+        )
+
+
+_TGI_TOKEN = re.compile(r'"token"\s*:\s*\{')
+_TGI_TEXT = re.compile(r'"text"\s*:\s*"')
+_TGI_SPECIAL = re.compile(r'"special"\s*:\s*(true|false)')
+_TGI_FINAL = re.compile(r'"generated_text"\s*:\s*"|"details"\s*:\s*\{')
+
+
+class TGI(Dialect):
+    """Hugging Face text-generation-inference /generate_stream: `data:{"token": {...}, ...}`."""
+
+    name = "tgi"
+    operation = "text_completion"
+
+    def is_token(self, event: Event) -> bool:
+        data = event.data
+        token = _TGI_TOKEN.search(data)
+        if token is None:
+            return False
+        # TGI writes `token` before `top_tokens`, so the first "text" and "special" after the
+        # `"token": {` are the token's own.
+        text = _TGI_TEXT.search(data, token.end())
+        if text is None or data.startswith('"', text.end()):
+            return False
+        special = _TGI_SPECIAL.search(data, token.end())
+        return special is None or special.group(1) == "false"
+
+    def _details(self, event: Event, stats: StreamStats) -> None:
+        if _TGI_FINAL.search(event.data) is None:
+            return
+        obj = _loads(event.data, stats)
+        details = _dict(obj, "details")
+        reason = _str(details, "finish_reason")
+        if reason is not None:
+            stats.finish_reasons.append(reason)
+        generated = _int(details, "generated_tokens")
+        if generated is not None:
+            stats.output_tokens = generated
+        if isinstance(obj.get("generated_text"), str):
+            stats.done = True
+
+    def error_event(self, error: dict[str, str]) -> bytes:
+        return _sse({"error": error.get("message"), "error_type": error.get("type")})
+
+
+GENERIC = Dialect()
+OPENAI_CHAT = OpenAIChat()
+OPENAI_COMPLETIONS = OpenAICompletions()
+OPENAI_RESPONSES = OpenAIResponses()
+ANTHROPIC = Anthropic()
+TGI_STREAM = TGI()
+
+_BY_PATH_SUFFIX = (
+    ("/chat/completions", OPENAI_CHAT),
+    ("/completions", OPENAI_COMPLETIONS),
+    ("/responses", OPENAI_RESPONSES),
+    ("/messages", ANTHROPIC),
+    ("/generate_stream", TGI_STREAM),
+)
+
+
+def select(path: str) -> Dialect | None:
+    """The dialect for a request path (also under a prefix, e.g. /openai/v1/...), else None."""
+    path = path.split("?", 1)[0].rstrip("/")
+    for suffix, dialect in _BY_PATH_SUFFIX:
+        if path.endswith(suffix):
+            return dialect
+    return None
+
+
+def sniff(event: Event) -> Dialect:
+    """The dialect from the shape of a stream's first event, when `select` gave None."""
+    kind = _type(event)
+    if kind.startswith("response."):
+        return OPENAI_RESPONSES
+    if kind in _ANTHROPIC_EVENTS:
+        return ANTHROPIC
+    data = event.data
+    if '"chat.completion.chunk"' in data or ('"choices"' in data and '"delta"' in data):
+        return OPENAI_CHAT
+    if '"choices"' in data:
+        return OPENAI_COMPLETIONS
+    if _TGI_TOKEN.search(data) is not None:
+        return TGI_STREAM
+    return GENERIC
