@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from clients import RawResponse, request
 from openai import AsyncOpenAI, OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 from servers import serve
 
 from sidecar.emulator import Stats, make_app
@@ -25,7 +26,7 @@ from sidecar.emulator.plan import Headers, plan_post
 from sidecar.emulator.text import PASSAGE, split_tokens
 
 FAST = {"ttft_ms": 0, "itl_ms": 0}
-MESSAGES = [{"role": "user", "content": "hello there"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
 @dataclass
@@ -488,7 +489,7 @@ async def test_openai_sdk_sync_and_async(emu: Emu) -> None:
     def sync_run() -> tuple[str, Any]:
         with OpenAI(base_url=base_url, api_key="x", max_retries=0) as client:
             stream = client.chat.completions.create(
-                model="emulator", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+                model="emulator", messages=MESSAGES, stream=True,
                 stream_options={"include_usage": True},
                 extra_headers={
                     "X-Emulator-TTFT-Ms": "0", "X-Emulator-ITL-Ms": "1", "X-Emulator-Tokens": "12"
@@ -506,7 +507,7 @@ async def test_openai_sdk_sync_and_async(emu: Emu) -> None:
 
     async with AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as client:
         stream = await client.chat.completions.create(
-            model="emulator", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+            model="emulator", messages=MESSAGES, stream=True,
             stream_options={"include_usage": True},
             extra_body={"sidestream": {"ttft_ms": 0, "itl_ms": 1, "tokens": 12}},
         )  # fmt: skip

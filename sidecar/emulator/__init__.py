@@ -35,9 +35,10 @@ code points (a given `text` without `tokens` is streamed exactly once). Limits: 
 Benchmarks: the header `X-Emulator-Stamp: 1` (or `"stamp": true`) adds
 `"sidestream_sent_ns": <time.monotonic_ns()>` to each content chunk, for one-way latency.
 
-Deliberate surprises: errors are OpenAI-shaped JSON (400, 404, 405, 413), never a 500;
-`n` other than 1 and batched prompts are refused (one choice per request); the token counts
-are the emulator's own (words), not a real tokenizer's.
+Deliberate surprises: the finish chunk, usage chunk and `[DONE]` leave in one write; errors
+are OpenAI-shaped JSON (400, 404, 405, 413), never a 500; `n` other than 1 and batched prompts
+are refused (one choice per request); token counts are the emulator's own (words), not a real
+tokenizer's.
 """
 
 from sidecar.emulator.plan import BadRequest, Plan

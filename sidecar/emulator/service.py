@@ -1,7 +1,8 @@
 """The emulator's ASGI app: routing and the paced token producer.
 
 Raw ASGI, no framework: the emulator must never be the bottleneck of a proxy benchmark.
-A content token costs one bytes concatenation and one `send()`.
+A content token costs one bytes concatenation and one `send()`. The closing events (finish
+chunk, usage chunk, `[DONE]`) go out together in one last `send()`: one write, several events.
 
 Disconnects: once the request body is read, a watcher task waits on `receive()`; on
 `http.disconnect` it cancels the producing task at once (uvicorn drops `send()` after a
