@@ -64,7 +64,8 @@ def map_exceptions() -> Iterator[None]:
 class RequestBody:
     """The client's body as an async iterator over `receive()`: streamed, never buffered.
 
-    Counts bytes against `limit`; `started` tells the pool whether a retry is still safe.
+    Counts bytes against `limit`; `started` (a byte was taken) tells the pool whether
+    sending the request again on a fresh connection is still safe.
     """
 
     __slots__ = ("_first", "_limit", "_more", "_receive", "received", "started")
@@ -86,12 +87,12 @@ class RequestBody:
                 message, self._first = self._first, None
             else:
                 message = await self._receive()
-            self.started = True
             if message["type"] == "http.disconnect":
                 raise ClientDisconnected()
             self._more = message.get("more_body", False)
             chunk: bytes = message.get("body", b"")
             if chunk:
+                self.started = True
                 self.received += len(chunk)
                 if self._limit is not None and self.received > self._limit:
                     raise BodyTooLarge()
