@@ -155,6 +155,20 @@ async def test_each_upstream_chunk_is_relayed_as_it_arrives() -> None:
         response.close()
 
 
+async def test_head_response_has_length_but_no_body() -> None:
+    """HEAD gets the upstream's Content-Length and no body bytes: the next response on the
+    same client connection starts clean."""
+    async with echo_chain() as (port, _, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"HEAD /bytes?size=10 HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await clients.read_response(reader, writer)
+        assert (head.status, head.header("content-length")) == (200, "10")
+        writer.write(b"GET /bytes?size=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        response = await clients.read_response(reader, writer)
+        assert (response.status, await response.body()) == (200, bytes([0, 1, 2]))
+        writer.close()
+
+
 @pytest.mark.parametrize("status", [400, 404, 429, 500, 503])
 async def test_upstream_error_statuses_pass_through(status: int) -> None:
     """The upstream's own 4xx/5xx reach the client unchanged: status, headers and body."""
@@ -527,6 +541,46 @@ async def test_cancelling_the_request_closes_the_upstream_connection_at_once(whe
         await app.aclose()
     assert eof_at is not None
     assert eof_at - cancelled_at < 0.05
+
+
+def asgi_get(path: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"host", b"client")],
+        "client": ("127.0.0.1", 5555),
+        "scheme": "http",
+    }
+
+
+async def test_cancelling_an_h2c_stream_resets_it_and_keeps_the_connection() -> None:
+    """Cancelling the proxy task mid-stream on an h2c upstream ends that stream (the upstream
+    app sees http.disconnect) while the shared connection keeps serving other requests."""
+    echo = EchoUpstream()
+    first_body = asyncio.Event()
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            first_body.set()
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async with serve(echo, server="hypercorn") as upstream_port:
+        app = ProxyApp(Upstream.parse(f"h2c://127.0.0.1:{upstream_port}"))
+        task = asyncio.create_task(app(asgi_get("/hold"), receive, send))
+        await asyncio.wait_for(first_body.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(echo.disconnected.wait(), 2)
+        await app(asgi_get("/after"), receive, send)
+        await app.aclose()
+    assert len({tuple(r["client"]) for r in echo.seen}) == 1
+    assert [r.get("path", r.get("raw_path")) for r in echo.seen] == ["/hold", "/after"]
 
 
 # --- ASGI scopes and URL parsing -------------------------------------------------------

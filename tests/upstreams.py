@@ -2,7 +2,8 @@
 
 `EchoUpstream` answers every path by echoing what it received as JSON, except a few
 endpoints: `/bytes?size=N` (fixed body with Content-Length), `/status/NNN`, `/stream?n=N`
-(SSE) and `/gated` (one SSE event each time the test puts on `gate`, ends on None).
+(SSE), `/gated` (one SSE event each time the test puts on `gate`, ends on None) and
+`/hold` (one event, then sets `disconnected` when the client goes away).
 `RawUpstream` is a plain asyncio server with a test-supplied handler, for what a
 well-behaved server cannot do: stay silent, die mid-body, send hop-by-hop headers, and
 record when its socket sees EOF.
@@ -36,6 +37,7 @@ class EchoUpstream:
         self.seen: list[dict[str, Any]] = []
         self.first_body = asyncio.Event()
         self.gate: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.disconnected = asyncio.Event()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,6 +52,14 @@ class EchoUpstream:
         if path.startswith("/status/"):
             body = json.dumps({"status": int(path[8:])}).encode()
             await _respond(send, int(path[8:]), body, [(b"x-upstream", b"yes")])
+            return
+        if path == "/hold":  # one event, then wait for the client to go away
+            self.seen.append({"path": path, "client": scope["client"]})
+            await _sse(send, 0, None, end=False)
+            await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.disconnected.set()
             return
         if path in ("/stream", "/gated"):
             self.seen.append({"path": path, "client": scope["client"]})
@@ -98,7 +108,9 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _sse(send: Send, n: int, gate: asyncio.Queue[bytes | None] | None) -> None:
+async def _sse(
+    send: Send, n: int, gate: asyncio.Queue[bytes | None] | None, *, end: bool = True
+) -> None:
     headers = [(b"content-type", b"text/event-stream")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     i = 0
@@ -111,7 +123,8 @@ async def _sse(send: Send, n: int, gate: asyncio.Queue[bytes | None] | None) -> 
             event = f"data: {i}\n\n".encode()
         await send({"type": "http.response.body", "body": event, "more_body": True})
         i += 1
-    await send({"type": "http.response.body", "body": b""})
+    if end:
+        await send({"type": "http.response.body", "body": b""})
 
 
 def header(record: dict[str, Any], name: str) -> list[str]:
