@@ -156,6 +156,10 @@ class HTTP11Pool:
             self._idle.append(connection)
         elif not connection.is_closed():
             await connection.aclose()
+        # LIFO leaves the oldest idle connection at the bottom: check one per release, so
+        # connections the upstream has closed do not linger there (still O(1)).
+        if len(self._idle) > 1 and self._idle[0].has_expired():
+            await self._idle.popleft().aclose()
 
     @property
     def idle_count(self) -> int:

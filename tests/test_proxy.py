@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
@@ -39,10 +40,11 @@ async def proxied(
     """The proxy (behind the ErrorResponder shim) served on 127.0.0.1, in front of `upstream`."""
     app = ProxyApp(Upstream.parse(upstream), **options)
     shim = ErrorResponder(app)
+    # proxy_headers=False: uvicorn would otherwise take the client address from
+    # X-Forwarded-For (trusted from 127.0.0.1) and the proxy would append it twice.
+    server_options = {} if server == "hypercorn" else {"proxy_headers": False}
     try:
-        # proxy_headers=False: uvicorn would otherwise take the client address from
-        # X-Forwarded-For (trusted from 127.0.0.1) and the proxy would append it twice.
-        async with serve(shim, server=server, proxy_headers=False) as port:
+        async with serve(shim, server=server, **server_options) as port:
             yield port, app, shim
     finally:
         await app.aclose()
@@ -481,6 +483,32 @@ async def test_h2c_upstream_streams_and_multiplexes() -> None:
     assert shim.errors == []
     clients_seen = {tuple(r["client"]) for r in [*records, *echo.seen] if "client" in r}
     assert len(clients_seen) == 1
+
+
+async def test_http2_client_body_without_length_is_sent_chunked() -> None:
+    """An HTTP/2 client's body without Content-Length goes upstream chunked; a body-less
+    HTTP/2 request stays body-less (no framing header invented)."""
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"from "
+        yield b"h2"
+
+    echo = EchoUpstream()
+    async with (
+        serve(echo) as upstream_port,
+        proxied(f"http://127.0.0.1:{upstream_port}", "hypercorn") as (port, _, _),
+        httpx.AsyncClient(http1=False, http2=True) as client,
+    ):
+        posted = await client.post(f"http://127.0.0.1:{port}/p", content=parts())
+        got = await client.get(f"http://127.0.0.1:{port}/g")
+    assert posted.http_version == "HTTP/2"
+    record = posted.json()
+    assert record["body"] == "from h2"
+    assert header(record, "transfer-encoding") == ["chunked"]
+    record = got.json()
+    assert header(record, "transfer-encoding") == []
+    assert header(record, "content-length") == []
+    assert header(record, "x-forwarded-host") == [f"127.0.0.1:{port}"]
 
 
 # --- cancellation ----------------------------------------------------------------------
