@@ -1,0 +1,152 @@
+"""Header and request-target rules of the proxy: pure functions, no I/O.
+
+Headers are ASGI-style `(name, value)` byte pairs. Names coming from the ASGI server are
+already lower-case; names coming from the upstream (httpcore keeps the wire casing) are
+lower-cased here, because ASGI asks for lower-case names and every rule compares them.
+
+Deliberate choices:
+- `Transfer-Encoding` and `Content-Length` are framing, not content: the request rule drops
+  `Transfer-Encoding` with the other hop-by-hop headers and the proxy re-adds
+  `transfer-encoding: chunked` itself when it streams a body of unknown length.
+- `X-Forwarded-Proto` and `X-Forwarded-Host` from the client are replaced, not appended to:
+  they describe the hop the proxy received, which only the proxy knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Headers = list[tuple[bytes, bytes]]
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+
+# Request headers the proxy sets itself; the client's values are dropped.
+_REPLACED = frozenset(
+    {b"host", b"accept-encoding", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"}
+)
+
+
+def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names listed in every `Connection` header, lower-cased (RFC 9110 7.6.1)."""
+    tokens: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            for token in value.split(b","):
+                token = token.strip().lower()
+                if token:
+                    tokens.add(token)
+    return frozenset(tokens)
+
+
+def strip_hop_by_hop(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """Lower-cased headers without hop-by-hop ones and without those named in `Connection`."""
+    pairs = [(name.lower(), value) for name, value in headers]
+    drop = HOP_BY_HOP | connection_tokens(pairs)
+    return [(name, value) for name, value in pairs if name not in drop]
+
+
+def forwarded_for(existing: Iterable[bytes], client: str | None) -> bytes | None:
+    """`X-Forwarded-For`: the client's values joined in order, then the peer's address.
+
+    None when there is nothing to send (no prior values and no known peer).
+    """
+    parts = [value.strip() for value in existing if value.strip()]
+    if client:
+        parts.append(client.encode("latin-1"))
+    return b", ".join(parts) if parts else None
+
+
+def chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """True when the message's final transfer coding is `chunked`."""
+    codings = [
+        coding.strip().lower()
+        for name, value in headers
+        if name.lower() == b"transfer-encoding"
+        for coding in value.split(b",")
+    ]
+    return bool(codings) and codings[-1] == b"chunked"
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The declared `Content-Length`, or None when absent or not a valid number."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """Size of the header block as on the wire: `name: value\\r\\n` per header."""
+    return sum(len(name) + len(value) + 4 for name, value in headers)
+
+
+def request_headers(
+    headers: Iterable[tuple[bytes, bytes]],
+    *,
+    authority: bytes,
+    client: str | None,
+    scheme: str,
+) -> Headers:
+    """The headers to send upstream for a client request's headers.
+
+    Drops hop-by-hop headers (and those named in `Connection`), sets `Host` to the
+    upstream's authority, asks for `Accept-Encoding: identity`, and adds
+    `X-Forwarded-For` (appending the peer), `X-Forwarded-Proto` and `X-Forwarded-Host`.
+    `Content-Length` is kept; `Transfer-Encoding` is the caller's business.
+    """
+    pairs = strip_hop_by_hop(headers)
+    prior_xff = [value for name, value in pairs if name == b"x-forwarded-for"]
+    client_host = next((value for name, value in pairs if name == b"host"), None)
+    out = [(b"host", authority)]
+    out.extend((name, value) for name, value in pairs if name not in _REPLACED)
+    out.append((b"accept-encoding", b"identity"))
+    xff = forwarded_for(prior_xff, client)
+    if xff is not None:
+        out.append((b"x-forwarded-for", xff))
+    out.append((b"x-forwarded-proto", scheme.encode("latin-1")))
+    if client_host is not None:
+        out.append((b"x-forwarded-host", client_host))
+    return out
+
+
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """The upstream's response headers to send downstream: lower-cased, hop-by-hop dropped.
+
+    `Content-Length` stays (a non-streaming body is relayed byte-identical); StreamGuard
+    drops it for streaming responses.
+    """
+    return strip_hop_by_hop(headers)
+
+
+def origin_form(target: bytes) -> bytes:
+    """The origin-form of a request target: `/path?query` even from an absolute-form target.
+
+    Servers may hand the absolute form (`http://other.example/x`) through as the raw path;
+    the proxy keeps only the path so the target can never name another origin. `*`
+    (`OPTIONS *`) and origin-form targets are returned unchanged.
+    """
+    if target.startswith(b"/") or target == b"*":
+        return target
+    scheme_end = target.find(b"://")
+    if scheme_end < 0:
+        return b"/" + target
+    path_start = target.find(b"/", scheme_end + 3)
+    query_start = target.find(b"?", scheme_end + 3)
+    if path_start < 0 or (0 <= query_start < path_start):
+        return b"/" + (target[query_start:] if query_start >= 0 else b"")
+    return target[path_start:]

@@ -1,0 +1,260 @@
+"""The reverse proxy: a pure ASGI app relaying every HTTP request to one fixed upstream.
+
+`ProxyApp` holds configuration and the connection pool only; each request's state lives in
+locals and a per-request `RequestBody`. The relay is pull-based — read one upstream chunk,
+`await send()` it, repeat — so a slow client stops upstream reads, and nothing is queued.
+
+Deliberate surprises (do not "fix"):
+- Upstream failures are raised, not answered: httpcore's exceptions are translated at
+  this boundary into `middleware.errors` classes and StreamGuard turns them into a 502/504
+  (before headers) or a terminal SSE event (after). `error_response()` is the before-
+  headers half, for the guard and for tests running the app without it.
+- Requests the proxy refuses itself (405, 413, 431) are answered here, without contacting
+  the upstream: they are the client's errors, not stream failures.
+- A client that disconnects while sending its body ends the request quietly: there is no
+  one left to answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.parse
+from collections.abc import AsyncIterable, Iterator
+
+import httpcore
+
+from middleware.errors import StreamError, UpstreamConnectError, UpstreamProtocolError
+from middleware.types import Message, Receive, Scope, Send
+from sidecar import headers as rules
+from sidecar.upstream import Pool, Upstream, make_pool
+
+MiB = 1024 * 1024
+
+_REFUSED_METHODS = frozenset({"CONNECT", "TRACE"})
+
+
+class BodyTooLarge(Exception):
+    """The request body passed `max_body` while streaming it upstream."""
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body was complete."""
+
+
+@contextlib.contextmanager
+def map_exceptions() -> Iterator[None]:
+    """Translate httpcore's exceptions into the `middleware.errors` hierarchy."""
+    try:
+        yield
+    except httpcore.ConnectTimeout as exc:
+        raise UpstreamConnectError(f"timed out connecting to the upstream: {exc}") from exc
+    except httpcore.ConnectError as exc:
+        raise UpstreamConnectError(f"could not connect to the upstream: {exc}") from exc
+    except (
+        httpcore.ProtocolError,
+        httpcore.NetworkError,
+        httpcore.TimeoutException,
+        httpcore.ConnectionNotAvailable,
+    ) as exc:
+        detail = str(exc) or type(exc).__name__
+        raise UpstreamProtocolError(f"the upstream broke the HTTP exchange: {detail}") from exc
+
+
+class RequestBody:
+    """The client's body as an async iterator over `receive()`: streamed, never buffered.
+
+    Counts bytes against `limit`; `started` (a byte was taken) tells the pool whether
+    sending the request again on a fresh connection is still safe.
+    """
+
+    __slots__ = ("_first", "_limit", "_more", "_receive", "received", "started")
+
+    def __init__(self, receive: Receive, limit: int | None, first: Message | None = None) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._first = first
+        self._more = True
+        self.received = 0
+        self.started = False
+
+    def __aiter__(self) -> RequestBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while self._more:
+            if self._first is not None:
+                message, self._first = self._first, None
+            else:
+                message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            self._more = message.get("more_body", False)
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                self.started = True
+                self.received += len(chunk)
+                if self._limit is not None and self.received > self._limit:
+                    raise BodyTooLarge()
+                return chunk
+        raise StopAsyncIteration
+
+
+async def error_response(exc: StreamError, send: Send) -> None:
+    """Answer with `exc`'s status and JSON error body (only before response headers)."""
+    await _json_response(send, exc.status, exc.json_body())
+
+
+async def _json_response(
+    send: Send, status: int, body: bytes, extra: rules.Headers | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(extra or ()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _refuse(
+    send: Send, status: int, code: str, message: str, extra: rules.Headers | None = None
+) -> None:
+    error = {"message": message, "type": "invalid_request_error", "code": code}
+    body = json.dumps({"error": error}, separators=(",", ":")).encode()
+    await _json_response(send, status, body, extra)
+
+
+class ProxyApp:
+    """ASGI app forwarding HTTP requests to `upstream`; lifespan opens and closes the pool."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        max_body: int | None = 100 * MiB,
+        max_header_bytes: int = 32768,
+        connect_timeout: float = 10.0,
+        max_idle_connections: int = 256,
+    ) -> None:
+        self.upstream = upstream
+        self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.pool: Pool = make_pool(
+            upstream, connect_timeout=connect_timeout, max_idle=max_idle_connections
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1003})
+
+    async def aclose(self) -> None:
+        """Close every pooled upstream connection."""
+        await self.pool.aclose()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method: str = scope["method"]
+        if method in _REFUSED_METHODS:
+            allow = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")]
+            await _refuse(send, 405, "method_not_allowed", f"{method} is not proxied", allow)
+            return
+        client_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if rules.header_bytes(client_headers) > self.max_header_bytes:
+            message = f"request headers exceed {self.max_header_bytes} bytes"
+            await _refuse(send, 431, "request_header_fields_too_large", message)
+            return
+        declared = rules.content_length(client_headers)
+        if self.max_body is not None and declared is not None and declared > self.max_body:
+            await _refuse(send, 413, "request_too_large", self._too_large())
+            return
+
+        client = scope.get("client")
+        upstream_headers = rules.request_headers(
+            client_headers,
+            authority=self.upstream.authority,
+            client=client[0] if client else None,
+            scheme=scope.get("scheme", "http"),
+        )
+        body = await self._body(client_headers, declared, receive, upstream_headers)
+        request = httpcore.Request(
+            method.encode("ascii"),
+            self.upstream.url(_target(scope)),
+            headers=upstream_headers,
+            content=body,
+        )
+        try:
+            await self._relay(request, send)
+        except BodyTooLarge:
+            await _refuse(send, 413, "request_too_large", self._too_large())
+        except ClientDisconnected:
+            return
+
+    def _too_large(self) -> str:
+        return f"request body exceeds {self.max_body} bytes"
+
+    async def _body(
+        self,
+        client_headers: list[tuple[bytes, bytes]],
+        declared: int | None,
+        receive: Receive,
+        upstream_headers: rules.Headers,
+    ) -> RequestBody:
+        """The body iterator; adds `transfer-encoding: chunked` upstream when the length is
+        unknown (client sent chunked, or an HTTP/2 client sent a body without a length)."""
+        if rules.chunked(client_headers):
+            upstream_headers[:] = [(n, v) for n, v in upstream_headers if n != b"content-length"]
+            upstream_headers.append((b"transfer-encoding", b"chunked"))
+            return RequestBody(receive, self.max_body)
+        if declared is not None:
+            return RequestBody(receive, self.max_body)
+        # No framing header: peek, so a body-less request stays body-less upstream.
+        first = await receive()
+        if first["type"] == "http.request" and (first.get("body") or first.get("more_body")):
+            upstream_headers.append((b"transfer-encoding", b"chunked"))
+        return RequestBody(receive, self.max_body, first)
+
+    async def _relay(self, request: httpcore.Request, send: Send) -> None:
+        with map_exceptions():
+            async with self.pool.exchange(request) as response:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status,
+                        "headers": rules.response_headers(response.headers),
+                    }
+                )
+                stream = response.stream
+                assert isinstance(stream, AsyncIterable)
+                async for chunk in stream:
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _target(scope: Scope) -> bytes:
+    raw_path: bytes | None = scope.get("raw_path")
+    if raw_path is None:
+        raw_path = urllib.parse.quote(scope["path"]).encode("ascii")
+    target = rules.origin_form(raw_path)
+    query: bytes = scope.get("query_string", b"")
+    return target + b"?" + query if query else target
