@@ -161,7 +161,9 @@ class Cycle:
         self.complete = True
         try:
             async with asyncio.timeout(self.guard.send_timeout):
-                await self.downstream({"type": "http.response.body", "body": data, "more_body": False})
+                await self.downstream(
+                    {"type": "http.response.body", "body": data, "more_body": False}
+                )
         except TimeoutError:
             self.outcome = Outcome.SLOW_CLIENT
 
@@ -361,7 +363,10 @@ class Cycle:
             self._abort(MaxDuration())
             return
         if self.first_token_at is None:
-            if guard.first_token_timeout is not None and now >= self.started + guard.first_token_timeout:
+            if (
+                guard.first_token_timeout is not None
+                and now >= self.started + guard.first_token_timeout
+            ):
                 self._abort(FirstTokenTimeout())
                 return
         elif guard.idle_timeout is not None and now >= self.last_chunk + guard.idle_timeout:
@@ -386,7 +391,9 @@ class Cycle:
         if self.before_body:
             self.wrote_before_body = True
         try:
-            await self.downstream({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            await self.downstream(
+                {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
+            )
             self.keepalives += 1
         finally:
             self.sending_since = None

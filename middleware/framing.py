@@ -56,7 +56,9 @@ def media_type(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
     return kind, encoding
 
 
-def stream_headers(headers: Iterable[tuple[bytes, bytes]], *, decode: bool) -> list[tuple[bytes, bytes]]:
+def stream_headers(
+    headers: Iterable[tuple[bytes, bytes]], *, decode: bool
+) -> list[tuple[bytes, bytes]]:
     """The response headers of a stream: framing and caching headers replaced."""
     kept = [
         (name, value)
@@ -110,7 +112,9 @@ def terminal_event(
     return _CLOSE_OPEN[state] + body
 
 
-def error_response(status: int, body: bytes, *, retry_after: int | None = None) -> tuple[dict[str, object], dict[str, object]]:
+def error_response(
+    status: int, body: bytes, *, retry_after: int | None = None
+) -> tuple[dict[str, object], dict[str, object]]:
     """The two ASGI messages of a JSON error response sent before any header went out."""
     headers = [
         (b"content-type", b"application/json"),

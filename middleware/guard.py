@@ -21,7 +21,6 @@ Deliberate choices — do not "fix" these:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -64,7 +63,9 @@ class StreamGuard:
             ("send_timeout", send_timeout),
         ):
             if value is not None and not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds or None, not {value!r}")
+                raise ValueError(
+                    f"{name} must be a positive number of seconds or None, not {value!r}"
+                )
         self.app = app
         self.keepalive_interval = keepalive_interval
         self.first_token_timeout = first_token_timeout

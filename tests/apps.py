@@ -38,7 +38,8 @@ def chunk(content: str, index: int = 0) -> bytes:
     """One OpenAI chat-completions content chunk."""
     return (
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":'
-        b'[{"index":%d,"delta":{"content":"%s"},"finish_reason":null}]}\n\n' % (index, content.encode())
+        b'[{"index":%d,"delta":{"content":"%s"},"finish_reason":null}]}\n\n'
+        % (index, content.encode())
     )
 
 
@@ -75,7 +76,9 @@ def scripted(
                         break
             if pause_before_headers:
                 await asyncio.sleep(pause_before_headers)
-            await send({"type": "http.response.start", "status": status, "headers": headers or SSE_HEADERS})
+            await send(
+                {"type": "http.response.start", "status": status, "headers": headers or SSE_HEADERS}
+            )
             for pause, data in script:
                 if pause:
                     await asyncio.sleep(pause)

@@ -38,7 +38,9 @@ class _QuietUvicorn(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve(app: ASGIApp, server: Server = "uvicorn-httptools", **options: Any) -> AsyncIterator[int]:
+async def serve(
+    app: ASGIApp, server: Server = "uvicorn-httptools", **options: Any
+) -> AsyncIterator[int]:
     """Serve `app` on 127.0.0.1 and yield the port; stop the server on exit."""
     sock = bound_socket()
     port = int(sock.getsockname()[1])

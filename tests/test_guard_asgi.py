@@ -81,7 +81,11 @@ async def test_lifespan_scope_passes_through_untouched() -> None:
 async def test_plain_response_is_byte_identical_with_content_length() -> None:
     """A non-streaming response keeps status, headers (Content-Length too) and bytes."""
     payload = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), (b"x-a", b"1")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"x-a", b"1"),
+    ]
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 201, "headers": headers})
@@ -94,7 +98,7 @@ async def test_plain_response_is_byte_identical_with_content_length() -> None:
 
 
 async def test_stream_headers_are_rewritten() -> None:
-    """An SSE response loses Content-Length and hop-by-hop headers and gains no-cache/no-buffering."""
+    """An SSE response loses Content-Length and hop-by-hop headers, gains no-cache/no-buffering."""
     headers = SSE_HEADERS + [
         (b"content-length", b"999"),
         (b"cache-control", b"public, max-age=60"),
@@ -140,14 +144,18 @@ async def test_gzip_module_stream_roundtrip() -> None:
     assert body_of(sent) == raw
 
 
-async def test_app_error_after_headers_ends_with_terminal_event(caplog: pytest.LogCaptureFixture) -> None:
+async def test_app_error_after_headers_ends_with_terminal_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """An exception mid-stream becomes one OpenAI-style error event and a clean end, logged once."""
     sent = await run(StreamGuard(scripted([(0, ROLE), (0, chunk("a"))], fail_after=True)))
     assert sent[-1] == {"type": "http.response.body", "body": sent[-1]["body"], "more_body": False}
     events = parse(body_of(sent))
     error = json.loads(events[-1][1])["error"]
     assert set(error) == {"message", "type", "code"}
-    assert [r.message for r in caplog.records if r.name == "sidestream"] == ["the application failed mid-stream"]
+    assert [r.message for r in caplog.records if r.name == "sidestream"] == [
+        "the application failed mid-stream"
+    ]
 
 
 async def test_app_error_before_headers_propagates() -> None:
@@ -173,7 +181,9 @@ async def test_terminal_event_closes_a_half_written_event() -> None:
 async def test_first_token_timeout_before_headers_is_504_json() -> None:
     """No response within first_token_timeout: a 504 with an OpenAI-style JSON error body."""
     probe = Probe()
-    guard = StreamGuard(scripted([(0, ROLE)], probe, pause_before_headers=5), first_token_timeout=0.05)
+    guard = StreamGuard(
+        scripted([(0, ROLE)], probe, pause_before_headers=5), first_token_timeout=0.05
+    )
     sent = await run(guard)
     assert sent[0]["status"] == 504
     assert json.loads(body_of(sent))["error"]["code"] == "first_token_timeout"

@@ -7,6 +7,7 @@ every test here runs a real server and a raw client that sees each byte as it ar
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from typing import Any
@@ -49,7 +50,7 @@ async def test_headers_reach_the_client_before_the_first_token(server: Server) -
 STALLS = {
     "event boundary": [ROLE, chunk("a"), b"@", chunk("b"), DONE],
     "between two data lines": [ROLE, b"data: one\n", b"@", b"data: two\n\n", DONE],
-    "mid-line": [ROLE, b"data: {\"half", b"@", b"-line\"}\n\n", DONE],
+    "mid-line": [ROLE, b'data: {"half', b"@", b'-line"}\n\n', DONE],
     "between CR and LF": [ROLE, b"data: crlf\r", b"@", b"\n\r\n", DONE],
     "before the first byte": [b"@", ROLE, chunk("a"), DONE],
 }
@@ -92,16 +93,18 @@ async def test_one_keepalive_per_interval() -> None:
         response.close()
     stamps = [t for t, data in response.arrivals if data == b": keep-alive\n"]
     assert 3 <= len(stamps) <= 6
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     assert min(gaps) > interval * 0.8
 
 
 async def test_ndjson_gets_no_comments_but_timeouts() -> None:
-    """application/x-ndjson streams unbuffered without comment lines, and idle_timeout still applies."""
+    """NDJSON streams unbuffered with no comment lines, and idle_timeout still applies."""
     script = [(0, b'{"token": "a"}\n'), (0.3, b'{"token": "b"}\n'), (5, b'{"token": "c"}\n')]
-    guard = StreamGuard(scripted(script, headers=NDJSON_HEADERS), keepalive_interval=0.05, idle_timeout=0.6)
+    guard = StreamGuard(
+        scripted(script, headers=NDJSON_HEADERS), keepalive_interval=0.05, idle_timeout=0.6
+    )
     async with serve(guard) as port:
-        status, headers, body = await fetch(port)
+        _, headers, body = await fetch(port)
     lines = body.splitlines()
     assert lines[:2] == [b'{"token": "a"}', b'{"token": "b"}']
     assert json.loads(lines[2])["error"]["code"] == "idle_timeout"
@@ -113,7 +116,9 @@ async def test_first_token_timeout_ignores_role_chunk(server: Server) -> None:
     """A role-only chunk is not a token: first_token_timeout fires with a terminal event."""
     probe = Probe()
     app = scripted([(0, ROLE), (10, chunk("late"))], probe)
-    async with serve(StreamGuard(app, first_token_timeout=0.3, keepalive_interval=0.1), server) as port:
+    async with serve(
+        StreamGuard(app, first_token_timeout=0.3, keepalive_interval=0.1), server
+    ) as port:
         status, _, body = await fetch(port)
     assert status == 200
     events = parse(body)
@@ -164,7 +169,7 @@ async def test_client_leaving_cancels_a_silent_app_at_once(server: Server, how: 
 
 
 async def test_app_listening_for_disconnect_still_hears_it() -> None:
-    """An app that reads receive() after its body still gets http.disconnect, and its body intact."""
+    """An app reading receive() after its body still hears http.disconnect; its body is intact."""
     heard = asyncio.Event()
     body_seen: list[bytes] = []
 
@@ -176,7 +181,13 @@ async def test_app_listening_for_disconnect_still_hears_it() -> None:
             if not message.get("more_body"):
                 break
         body_seen.append(b"".join(parts))
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         await send({"type": "http.response.body", "body": ROLE, "more_body": True})
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -225,7 +236,7 @@ async def test_client_that_reads_nothing_is_dropped_after_send_timeout() -> None
 
 
 async def test_starlette_streaming_response_is_guarded() -> None:
-    """Starlette's StreamingResponse under the guard: keep-alives, events, and cancel on disconnect."""
+    """Starlette's StreamingResponse under the guard: keep-alives, events, cancel on disconnect."""
     from starlette.applications import Starlette
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
@@ -277,5 +288,9 @@ async def test_sse_starlette_event_source_response_is_guarded() -> None:
         response = await request(port, method="GET", path="/stream")
         body = await response.body()
         response.close()
-    assert [(e[1], e[2]) for e in parse(body)] == [('{"n": 0}', "0"), ('{"n": 1}', "1"), ('{"n": 2}', "2")]
+    assert [(e[1], e[2]) for e in parse(body)] == [
+        ('{"n": 0}', "0"),
+        ('{"n": 1}', "1"),
+        ('{"n": 2}', "2"),
+    ]
     assert b": keep-alive\n" in body
