@@ -48,13 +48,18 @@ def host_port(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _number(value: str, kind: type[int] | type[float]) -> Any:
+def _float(value: str) -> float:
     try:
-        return kind(value)
+        return float(value)
     except ValueError:
-        raise ValueError(
-            f"expected a {'whole ' if kind is int else ''}number, got {value!r}"
-        ) from None
+        raise ValueError(f"expected a number, got {value!r}") from None
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {value!r}") from None
 
 
 def seconds_or_off(value: str) -> float | None:
