@@ -65,10 +65,10 @@ class Child:
         raise TimeoutError("the sidecar did not start")
 
     async def exit_code(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while self.process.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return self.process.returncode if self.process.poll() is not None else -999
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.process.wait), timeout)
+        except TimeoutError:
+            return -999
 
     def kill(self) -> None:
         if self.process.poll() is None:
