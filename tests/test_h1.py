@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
+import uvloop
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
 from sidecar.h1 import H1Connection, Response, encode_head
@@ -72,7 +73,11 @@ class Body:
 
 
 @pytest.fixture
-def bytes_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def bytes_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    return count_reads(monkeypatch)
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts every byte `H1Connection` reads from its socket."""
     count = [0]
     original = H1Connection.data_received
@@ -82,7 +87,7 @@ def bytes_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         original(self, data)
 
     monkeypatch.setattr(H1Connection, "data_received", counting)
-    yield count
+    return count
 
 
 async def test_a_consumer_that_stops_reading_pauses_the_socket(bytes_read: list[int]) -> None:
@@ -144,15 +149,18 @@ async def test_each_read_is_delivered_as_one_chunk() -> None:
 # --- framing -----------------------------------------------------------------------------
 
 
+FRAMINGS = [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + CHUNKED_HELLO, b"hello"),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil close", b"until close"),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok"),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+]
+
+
 @pytest.mark.parametrize(
     ("wire", "body"),
-    [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + CHUNKED_HELLO, b"hello"),
-        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil close", b"until close"),
-        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok"),
-        (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
-    ],
+    FRAMINGS,
     ids=["content-length", "chunked", "until-close", "100-continue", "204"],
 )
 async def test_response_framing(wire: bytes, body: bytes) -> None:
@@ -415,3 +423,31 @@ async def test_leaving_the_exchange_before_the_body_ends_does_not_pool() -> None
             assert response.status == 200
         await asyncio.wait_for(raw.connections[0].eof.wait(), 1)
         assert pool.idle_count == 0
+
+
+# --- uvloop ------------------------------------------------------------------------------
+
+
+def test_the_same_rules_hold_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar serves on uvloop, whose transports differ from asyncio's (not
+    `asyncio.Transport` subclasses, other read sizes): flow control, framing, truncation,
+    reuse, the stale retry and cancellation hold there too."""
+
+    async def scenarios() -> None:
+        await test_a_consumer_that_stops_reading_pauses_the_socket(count_reads(monkeypatch))
+        await test_each_read_is_delivered_as_one_chunk()
+        for wire, body in FRAMINGS:
+            await test_response_framing(wire, body)
+        await test_head_response_is_complete_at_its_headers_and_reused()
+        await test_truncated_body_raises_protocol_error(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n0123456789"
+        )
+        await test_connection_is_reused_and_not_after_close_or_http10()
+        await test_idle_connection_closed_by_upstream_is_not_used()
+        await test_stale_reused_connection_is_retried_once_when_safe(started=False)
+        await test_request_body_framing_on_the_wire()
+        await test_connection_refused_and_connect_timeout()
+        for when in ("before-headers", "mid-body"):
+            await test_cancellation_closes_the_connection_within_50_ms(when)
+
+    uvloop.run(scenarios())
