@@ -49,6 +49,32 @@ class _HeadTooLarge(Exception):
 class H1Connection(asyncio.Protocol):
     """A connection's protocol, and the state of the exchange running on it (if any)."""
 
+    __slots__ = (
+        "_drain",
+        "_framed",
+        "_head_bytes",
+        "_head_request",
+        "_informational",
+        "_parser",
+        "chunks",
+        "complete",
+        "dead",
+        "error",
+        "head_done",
+        "headers",
+        "idle_since",
+        "keep_alive",
+        "lost",
+        "on_body",
+        "paused",
+        "received",
+        "request_done",
+        "status",
+        "transport",
+        "waiter",
+        "write_paused",
+    )
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.dead = False  # closed, broken, or sent something unasked: never reuse
