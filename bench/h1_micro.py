@@ -1,13 +1,14 @@
 """Micro-benchmark of the proxy's HTTP/1.1 upstream path: proxy CPU per 100k relayed tokens.
 
 The emulator (uvicorn + uvloop + httptools) streams 64 chat completions x 1000 tokens at
-itl_ms 0 through `ProxyApp` (no guard), served by uvicorn in its own process pinned to one
-core; a raw asyncio client reads the streams. The proxy's CPU (utime + stime from
+itl_ms 0 (by default) through `ProxyApp` (no guard), served by uvicorn in its own process
+pinned to one core; a raw asyncio client reads the streams. The proxy's CPU (utime + stime from
 /proc/PID/stat) over the run, divided by the tokens relayed, is the figure.
 
     .venv/bin/python bench/h1_micro.py                      # this tree
     .venv/bin/python bench/h1_micro.py --old-ref a9cd6d5    # and that commit's code
     .venv/bin/python bench/h1_micro.py --old-ref a9cd6d5 --nginx --reps 2
+    .venv/bin/python bench/h1_micro.py --old-ref a9cd6d5 --nginx --tokens 100 --itl-ms 20
 
 `--old-ref` runs the proxy from `git archive REF` (the httpcore pool before sidecar.h1);
 `--nginx` adds nginx (1 worker, proxy_buffering off, upstream keep-alive) for scale.
@@ -33,7 +34,7 @@ TOKENS = 1000
 BODY = b'{"model":"emulator","messages":[{"role":"user","content":"hi"}],"stream":true}'
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-    b"X-Emulator-TTFT-Ms: 0\r\nX-Emulator-ITL-Ms: 0\r\nX-Emulator-Tokens: %d\r\n"
+    b"X-Emulator-TTFT-Ms: 0\r\nX-Emulator-ITL-Ms: %b\r\nX-Emulator-Tokens: %d\r\n"
     b"Content-Length: %d\r\n\r\n%s"
 )
 NGINX_CONF = """
@@ -101,11 +102,11 @@ class _Stream(asyncio.Protocol):
             self.done.set_exception(ConnectionError("closed early"))
 
 
-async def stream(port: int, tokens: int) -> int:
+async def stream(port: int, tokens: int, itl_ms: bytes = b"0") -> int:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
     transport, _ = await loop.create_connection(lambda: _Stream(done), "127.0.0.1", port)
-    transport.write(REQUEST % (tokens, len(BODY), BODY))
+    transport.write(REQUEST % (itl_ms, tokens, len(BODY), BODY))
     try:
         return await asyncio.wait_for(done, 60)
     finally:
@@ -124,15 +125,16 @@ async def wait_listening(port: int) -> None:
     raise TimeoutError(f"nothing listens on {port}")
 
 
-async def measure(port: int, pid: int) -> tuple[float, float]:
-    """(proxy CPU seconds per 100k tokens, wall seconds) for one run of 64 x 1000 tokens."""
+async def measure(port: int, pid: int, tokens: int, itl_ms: str) -> tuple[float, float]:
+    """(proxy CPU seconds per 100k tokens, wall seconds) for one run of 64 streams."""
     await wait_listening(port)
     await asyncio.gather(*(stream(port, 50) for _ in range(8)))  # warm up
     before, started = cpu_seconds(pid), time.monotonic()
-    sizes = await asyncio.gather(*(stream(port, TOKENS) for _ in range(STREAMS)))
+    itl = itl_ms.encode()
+    sizes = await asyncio.gather(*(stream(port, tokens, itl) for _ in range(STREAMS)))
     cpu, wall = cpu_seconds(pid) - before, time.monotonic() - started
-    assert all(size > TOKENS * 100 for size in sizes), sizes
-    return cpu / (STREAMS * TOKENS) * 100_000, wall
+    assert all(size > tokens * 100 for size in sizes), sizes
+    return cpu / (STREAMS * tokens) * 100_000, wall
 
 
 def spawn(*args: str, env: dict[str, str] | None = None) -> Popen:
@@ -152,13 +154,15 @@ def start_nginx(directory: str, port: int, upstream: int, cpu: int) -> tuple[Pop
     raise RuntimeError("nginx did not start its worker")
 
 
-def run(target: str, old_dir: str | None, upstream: int) -> tuple[float, float]:
+def run(
+    target: str, old_dir: str | None, upstream: int, tokens: int, itl_ms: str
+) -> tuple[float, float]:
     port = free_port()
     if target == "nginx":
         with tempfile.TemporaryDirectory() as directory:
             master, worker = start_nginx(directory, port, upstream, cpu=1)
             try:
-                return asyncio.run(measure(port, worker))
+                return asyncio.run(measure(port, worker, tokens, itl_ms))
             finally:
                 master.terminate()
                 master.wait()
@@ -168,7 +172,7 @@ def run(target: str, old_dir: str | None, upstream: int) -> tuple[float, float]:
         env["PYTHONPATH"] = old_dir
     proxy = spawn("proxy", str(port), str(upstream), "1", env=env)
     try:
-        return asyncio.run(measure(port, proxy.pid))
+        return asyncio.run(measure(port, proxy.pid, tokens, itl_ms))
     finally:
         proxy.terminate()
         proxy.wait()
@@ -179,6 +183,8 @@ def main() -> None:
     parser.add_argument("--old-ref", help="also run the proxy code of this git commit")
     parser.add_argument("--nginx", action="store_true", help="also run nginx (if installed)")
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=TOKENS, help="per stream (1000)")
+    parser.add_argument("--itl-ms", default="0", help="between tokens (0: as fast as it can)")
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         print("note: fewer than 2 cores; the proxy shares a core with the emulator")
@@ -202,16 +208,17 @@ def main() -> None:
         try:
             for rep in range(args.reps):
                 for target in targets[rep % len(targets) :] + targets[: rep % len(targets)]:
-                    results[target].append(run(target, old_dir, upstream))
+                    result = run(target, old_dir, upstream, args.tokens, args.itl_ms)
+                    results[target].append(result)
         finally:
             emulator.terminate()
             emulator.wait()
-    print(f"{STREAMS} streams x {TOKENS} tokens, itl 0, proxy pinned to CPU 1")
+    print(f"{STREAMS} streams x {args.tokens} tokens, itl {args.itl_ms} ms, proxy on CPU 1")
     print("| target | CPU s / 100k tokens | wall s | tokens/s |")
     print("|---|---|---|---|")
     for target, runs in results.items():
         for cpu, wall in runs:
-            rate = STREAMS * TOKENS / wall
+            rate = STREAMS * args.tokens / wall
             print(f"| {target} | {cpu:.3f} | {wall:.2f} | {rate:,.0f} |")
 
 
