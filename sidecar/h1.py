@@ -42,8 +42,8 @@ class Response:
         self.body = body
 
 
-class _HeadTooLarge(Exception):
-    pass
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing with this message."""
 
 
 class H1Connection(asyncio.Protocol):
@@ -124,7 +124,7 @@ class H1Connection(asyncio.Protocol):
         try:
             parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            cause = exc.__context__ if isinstance(exc.__context__, _HeadTooLarge) else exc
+            cause = exc.__context__ if isinstance(exc.__context__, _Refused) else exc
             self._fail(f"invalid HTTP response from the upstream: {cause or type(exc).__name__}")
             return
         waiter = self.waiter
@@ -143,7 +143,7 @@ class H1Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.dead = self.lost = True
         if self._parser is not None and not self.complete:
-            if self.head_done and not self._framed and self.error is None:
+            if self.head_done and not self._framed and exc is None and self.error is None:
                 self.complete = True  # read-until-close framing: EOF ends the body
             elif self.head_done:
                 self._fail("the upstream closed the connection in the middle of the body")
@@ -163,13 +163,13 @@ class H1Connection(asyncio.Protocol):
     # --- httptools callbacks ------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.complete:
-            self.dead = True  # a second response nobody asked for
+        if self.complete:  # a second response nobody asked for: stop before its body
+            raise _Refused("a second response to one request")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge(f"response headers exceed {MAX_HEAD_BYTES} bytes")
+            raise _Refused(f"response headers exceed {MAX_HEAD_BYTES} bytes")
         lower = name.lower()
         if lower == b"content-length" or lower == b"transfer-encoding":
             self._framed = True

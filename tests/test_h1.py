@@ -267,6 +267,17 @@ async def test_connection_is_reused_and_not_after_close_or_http10() -> None:
     assert len(raw.connections) == 2
 
 
+async def test_a_second_unasked_response_is_not_read_and_not_reused() -> None:
+    """Bytes past the end of the response (a second response nobody asked for) never reach
+    the body, and the connection is not reused."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    raw = answering(ok + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nextra", ok)
+    async with raw.running(), pool_for(raw) as pool:
+        assert (await fetch(pool))[1] == b"ok"
+        assert (await fetch(pool))[1] == b"ok"
+    assert len(raw.connections) == 2
+
+
 async def test_idle_connection_closed_by_upstream_is_not_used() -> None:
     """An idle connection the upstream closed is dropped from the pool: the next request goes
     out on a fresh connection without an error."""
@@ -443,6 +454,7 @@ def test_the_same_rules_hold_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
             b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n0123456789"
         )
         await test_connection_is_reused_and_not_after_close_or_http10()
+        await test_a_second_unasked_response_is_not_read_and_not_reused()
         await test_idle_connection_closed_by_upstream_is_not_used()
         await test_stale_reused_connection_is_retried_once_when_safe(started=False)
         await test_request_body_framing_on_the_wire()
