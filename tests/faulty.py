@@ -5,8 +5,8 @@ stand in for an OpenAI-compatible streamer. Each request picks its behaviour wit
 `X-Fault` header (the sidecar forwards it), else the server's default. Pacing for the
 healthy stream: `X-Fault-Tokens`, `X-Fault-TTFT-Ms`, `X-Fault-ITL-Ms`.
 
-It counts what a leak test needs: `open` sockets, `busy` connections (a request read and its
-answer not finished) and `cancelled` answers (the client — the sidecar — left mid-answer,
+It counts what a leak test needs: `open` sockets, `busy` connections (a request head read and
+its answer not finished) and `cancelled` answers (the client — the sidecar — left mid-answer,
 seen while waiting as well as while writing). `record_outcomes()` records the outcome of every
 `middleware.cycle.Cycle` that finishes, until telemetry's log line can be read instead.
 """
@@ -111,12 +111,13 @@ class FaultyUpstream:
         reset = False
         try:
             while True:
-                headers = await read_request(reader)
+                headers = await read_head(reader)
                 if headers is None:
                     return
                 self.requests += 1
                 self.busy += 1
                 try:
+                    await read_body(reader, headers)
                     keep, reset = await self._answer(headers, reader, writer)
                 except Gone:
                     self.cancelled += 1
@@ -210,8 +211,8 @@ class FaultyUpstream:
         return True, False
 
 
-async def read_request(reader: asyncio.StreamReader) -> dict[str, str] | None:
-    """Read one request head and its body; lower-cased headers, or None at a clean EOF."""
+async def read_head(reader: asyncio.StreamReader) -> dict[str, str] | None:
+    """Read one request head; lower-cased headers, or None at a clean EOF."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
@@ -223,6 +224,11 @@ async def read_request(reader: asyncio.StreamReader) -> dict[str, str] | None:
         name, colon, value = line.partition(":")
         if colon:
             headers[name.strip().lower()] = value.strip()
+    return headers
+
+
+async def read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> None:
+    """Read (and drop) the request body framed by Content-Length or chunked encoding."""
     if "content-length" in headers:
         await reader.readexactly(int(headers["content-length"]))
     elif headers.get("transfer-encoding", "").lower() == "chunked":
@@ -231,7 +237,6 @@ async def read_request(reader: asyncio.StreamReader) -> dict[str, str] | None:
             await reader.readexactly(size + 2)
             if size == 0:
                 break
-    return headers
 
 
 @contextlib.contextmanager
