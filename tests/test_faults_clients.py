@@ -71,7 +71,7 @@ async def die(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, how: s
     elif how == "fin":
         writer.close()
     else:  # half-close: no more requests, but still reading; the server decides what follows
-        writer.transport.write_eof()  # type: ignore[attr-defined]
+        writer.transport.write_eof()
         try:
             async with asyncio.timeout(SETTLE_SECONDS):
                 while await reader.read(65536):
