@@ -29,6 +29,10 @@ run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on l
 test: $(STAMP) ## Run the test suite with coverage.
 	$(BIN)/pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
 
+.PHONY: soak
+soak: $(STAMP) ## Soak: 2 min of mixed traffic at 300 streams (aborts, upstream failures, slow readers); fails on a leak. SOAK_ARGS="--duration 600"
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+
 .PHONY: lint
 lint: $(STAMP) ## ruff format --check and ruff check.
 	$(BIN)/ruff format --check $(SRC)
