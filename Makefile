@@ -28,6 +28,14 @@ run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on l
 test: $(STAMP) ## Run the test suite with coverage.
 	$(BIN)/pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
 
+.PHONY: bench
+bench: $(STAMP) ## Quick benchmark: direct vs sidestream vs nginx vs tutorial proxy (< 3 min).
+	$(BIN)/python -m bench
+
+.PHONY: bench-full
+bench-full: $(STAMP) ## Full benchmark: 3 repetitions, 2,000 and 9,000 idle streams (< 10 min).
+	$(BIN)/python -m bench --full
+
 .PHONY: lint
 lint: $(STAMP) ## ruff format --check and ruff check.
 	$(BIN)/ruff format --check middleware sidecar tests bench
