@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SRC := middleware sidecar tests $(wildcard bench)
 
 .DEFAULT_GOAL := help
 
@@ -38,8 +39,8 @@ bench-full: $(STAMP) ## Full benchmark: 3 repetitions, 2,000 and 9,000 idle stre
 
 .PHONY: lint
 lint: $(STAMP) ## ruff format --check and ruff check.
-	$(BIN)/ruff format --check middleware sidecar tests bench
-	$(BIN)/ruff check middleware sidecar tests bench
+	$(BIN)/ruff format --check $(SRC)
+	$(BIN)/ruff check $(SRC)
 
 .PHONY: check
 check: lint ## lint, then mypy --strict on both packages.
@@ -47,8 +48,8 @@ check: lint ## lint, then mypy --strict on both packages.
 
 .PHONY: fmt
 fmt: $(STAMP) ## Format and autofix with ruff.
-	$(BIN)/ruff format middleware sidecar tests bench
-	$(BIN)/ruff check --fix middleware sidecar tests bench
+	$(BIN)/ruff format $(SRC)
+	$(BIN)/ruff check --fix $(SRC)
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches.
