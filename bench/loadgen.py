@@ -24,7 +24,7 @@ import json
 import resource
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import uvloop
 
@@ -117,8 +117,8 @@ class Stream(asyncio.Protocol):
         self.error = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        transport.write(self.req)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.transport.write(self.req)
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic_ns()

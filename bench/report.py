@@ -135,5 +135,6 @@ def budgets(med: dict[str, dict[str, Any]], sizes: list[int], otel: bool) -> str
             rows.append(f"| {label} | telemetry-on: not yet available | — |")
         else:
             v = o.get(key)
-            rows.append(f"| {label} | {fmt(v)}x | {'yes' if _num(v) and v <= 1.15 else '**no**'} |")
+            met = v is not None and _num(v) and float(v) <= 1.15
+            rows.append(f"| {label} | {fmt(v)}x | {'yes' if met else '**no**'} |")
     return "\n".join(rows)

@@ -16,6 +16,7 @@ import resource
 import subprocess
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,13 @@ def telemetry_wired(sink_port: int) -> bool:
 def run_streams(target: str, sink_port: int, mode: Mode) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with session(target, sink_port) as s:
-        for step in (
+        steps: list[Callable[[], dict[str, Any]]] = [
             lambda: scenarios.paced(s),
             lambda: scenarios.flood(s, duration=mode.flood_s),
             lambda: scenarios.cancel(s, streams=mode.cancels),
             lambda: scenarios.connect(s, n=mode.connects),
-        ):
+        ]
+        for step in steps:
             figures.update(step())
     return figures
 

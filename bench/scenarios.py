@@ -136,8 +136,8 @@ def _quiet(s: Session, timeout: float = 10.0) -> dict[str, Any]:
 def cancel(s: Session, streams: int = 100, spacing_s: float = 0.015) -> Figures:
     before = _quiet(s)
     t0 = before["now"]
-    cfg = dict(concurrency=streams, streams=streams, tokens=1000, itl_ms=10, close_after=10)
-    cfg["stagger_s"] = streams * spacing_s
+    cfg: dict[str, Any] = dict(concurrency=streams, streams=streams, tokens=1000, itl_ms=10)
+    cfg |= dict(close_after=10, stagger_s=streams * spacing_s)
     records, _, _ = _streams(s, cfg, timeout=streams * spacing_s + 60)
     closes = sorted(r[4] for r in records if r[4])
     deadline = time.monotonic() + 3.0

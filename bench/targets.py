@@ -107,7 +107,9 @@ class Session:
     port: int = 0
     proxy: subprocess.Popen[bytes] | None = None
 
-    def spawn(self, name: str, argv: list[str], cores: set[int], env: dict[str, str] | None = None):
+    def spawn(
+        self, name: str, argv: list[str], cores: set[int], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             argv,
@@ -139,7 +141,10 @@ class Session:
             self.port = self.upstream_port
         else:
             self.port = free_port()
-            self.proxy = getattr(self, "_start_" + self.target.replace("+", "_"))()
+            start: Callable[[], subprocess.Popen[bytes]] = getattr(
+                self, "_start_" + self.target.replace("+", "_")
+            )
+            self.proxy = start()
             wait_port(self.port, self.proxy)
         warm_up(self.port)
 
