@@ -154,7 +154,9 @@ def test_request_problem_rule() -> None:
     """The proxy's own framing check, for servers that pass ambiguous framing through."""
     ok: list[tuple[bytes, bytes]] = [(b"host", b"x"), (b"content-length", b"12")]
     assert request_problem(ok, "1.1") is None
-    assert request_problem([(b"host", b"x"), (b"transfer-encoding", b"gzip, chunked")], "1.1") is None
+    assert (
+        request_problem([(b"host", b"x"), (b"transfer-encoding", b"gzip, chunked")], "1.1") is None
+    )
     assert request_problem([], "2") is None  # HTTP/2 carries :authority instead
     assert request_problem([], "1.0") is None
     bad = [
@@ -196,7 +198,9 @@ async def test_oversized_headers_431_and_oversized_body_413(echo: tuple[int, Ech
         writer.close()
         assert sent < 1_000_000
         big = b'{"x": "' + b"a" * 5000 + b'"}'
-        status, body, _ = await exchange(port, HEAD + b"Content-Length: %d\r\n\r\n" % len(big) + big)
+        status, body, _ = await exchange(
+            port, HEAD + b"Content-Length: %d\r\n\r\n" % len(big) + big
+        )
         assert status == 413
         chunked = HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
         chunked += b"".join(b"400\r\n" + b"b" * 1024 + b"\r\n" for _ in range(4)) + b"0\r\n\r\n"
