@@ -23,10 +23,12 @@ from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
 from sidecar.config import Settings
+from sidecar.inbound import protocol_class
 from sidecar.proxy import ProxyApp
 
 logger = logging.getLogger("sidestream")
 
+HEAD_SLACK_BYTES = 8192  # the request line and framing on top of --max-header-bytes
 DRAIN_GRACE_SECONDS = 0.5  # for streams ended by the drain to write their terminal event
 
 
@@ -84,11 +86,11 @@ class Sidecar:
 
     def _config(self, app: Any, listen: tuple[str, int], **extra: Any) -> uvicorn.Config:
         level = self.settings.log_level
+        extra.setdefault("http", "httptools")
         return uvicorn.Config(
             app,
             host=listen[0],
             port=listen[1],
-            http="httptools",
             lifespan="on",
             access_log=False,
             proxy_headers=False,
@@ -107,7 +109,7 @@ class Sidecar:
                 self.guard,
                 s.listen,
                 backlog=4096,
-                h11_max_incomplete_event_size=s.max_header_bytes + 1024,
+                http=protocol_class(s.header_timeout, s.max_header_bytes + HEAD_SLACK_BYTES),
                 ssl_certfile=s.certfile,
                 ssl_keyfile=s.keyfile,
             )
