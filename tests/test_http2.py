@@ -129,7 +129,7 @@ async def test_100_concurrent_streams_on_one_connection_arrive_intact_and_interl
         sidecar(f"h2c://127.0.0.1:{up_port}") as (port, proxy),
         H2Client(port).connected() as client,
     ):
-        streams = [client.request(STREAM.format(itl=10, tokens=tokens)) for _ in range(100)]
+        streams = [client.request(STREAM.format(itl=60, tokens=tokens)) for _ in range(100)]
         async with asyncio.timeout(30):
             await asyncio.gather(*(s.ended.wait() for s in streams))
         assert isinstance(proxy.pool, HTTP2Pool)
@@ -345,6 +345,12 @@ async def emulator() -> AsyncIterator[int]:
         yield port
 
 
+async def status(port: int, path: str) -> int:
+    response = await h1_request(port, "GET", path)
+    response.close()
+    return response.status
+
+
 async def run(*argv: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
@@ -444,7 +450,9 @@ async def test_cli_http2_drain_on_sigterm(emulator: int) -> None:
             long = client.request(STREAM.format(itl=50, tokens=1000))
             await asyncio.wait_for(long.first_data.wait(), 5)
             child.process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.1)
+            async with asyncio.timeout(5):
+                while await status(child.admin, "/readyz") != 503:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)  # another process's state: nothing to await
             refused = client.request(STREAM.format(itl=1, tokens=2))
             await asyncio.wait_for(asyncio.gather(long.ended.wait(), refused.ended.wait()), 5)
         code = await child.exit_code(timeout=5)
