@@ -78,6 +78,10 @@ class HypercornListener:
         config.include_server_header = False
         config.include_date_header = False
         config.graceful_timeout = 1.0
+        # hypercorn 0.18 answers HTTP/2 request 1001 on a connection with GOAWAY naming that
+        # very stream, then cannot send its response: the request is lost. Never close for
+        # a request count (uvicorn does not either).
+        config.keep_alive_max_requests = 2**31
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         config.loglevel = settings.log_level.upper()

@@ -164,6 +164,23 @@ async def test_guard_rules_hold_over_http2() -> None:
     assert last["error"]["code"] == "idle_timeout"
 
 
+async def test_one_client_connection_carries_more_than_1000_requests() -> None:
+    """A long-lived HTTP/2 client connection (a mesh or ingress keeps one for hours) gets an
+    answer to every request: 1,200 requests in batches of 100, all 200, none refused by a
+    GOAWAY after hypercorn's default of 1,000 requests per connection."""
+    async with (
+        RecordingUpstream().running() as up,
+        sidecar(f"h2c://127.0.0.1:{up.port}") as (port, _),
+        H2Client(port).connected() as client,
+    ):
+        streams: list[ClientStream] = []
+        for _ in range(12):
+            batch = [client.request("/ok") for _ in range(100)]
+            await asyncio.wait_for(asyncio.gather(*(s.ended.wait() for s in batch)), 10)
+            streams += batch
+    assert [(s.status, s.body) for s in streams] == [(200, b"ok")] * 1200
+
+
 async def test_httpx_http2_client_against_the_sidecar() -> None:
     """httpx with http2=True negotiates HTTP/2 (prior knowledge) and streams SSE through."""
     async with (
