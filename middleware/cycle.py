@@ -35,6 +35,7 @@ from middleware.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from middleware.guard import StreamGuard
+    from middleware.telemetry_stream import StreamRecord
 
 logger = logging.getLogger("sidestream")
 
@@ -83,6 +84,14 @@ class Cycle:
         self.chunks = self.bytes = self.keepalives = 0
         self.outcome = Outcome.COMPLETED
         self.cancelled_task = False
+        # For telemetry; stamped once per request, read at its end.
+        self.status = 0
+        self.error: StreamError | None = None
+        self.aborted_at: float | None = None  # a stop was decided (disconnect, timeout, drain)
+        self.stopped_at: float | None = None  # the app has stopped
+        self.completed_at: float | None = None  # the app handed over its final body message
+        telemetry = guard.telemetry
+        self.record: StreamRecord | None = None if telemetry is None else telemetry.record(self)
 
     # -- the request ------------------------------------------------------------------------
 
@@ -110,6 +119,7 @@ class Cycle:
                 task.uncancel()  # the app swallowed our cancellation and returned
         finally:
             self.running = False
+            self.stopped_at = self.loop.time()
             self._stop_helpers()
             guard.registry.discard(self)
         reason = self.reason
@@ -119,6 +129,7 @@ class Cycle:
             self.outcome = reason
         if error is not None:
             self.outcome = error.outcome
+            self.error = error
             await self._fail(error)
 
     def shut_down(self) -> None:
@@ -128,6 +139,7 @@ class Cycle:
     def _abort(self, reason: StreamError | Outcome) -> None:
         if self.reason is None and self.running and not self.complete:
             self.reason = reason
+            self.aborted_at = self.loop.time()
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
             self.loop.call_soon(self._cancel_app)
 
@@ -147,6 +159,7 @@ class Cycle:
 
     async def _fail(self, error: StreamError) -> None:
         if not self.headers_sent:
+            self.status = error.status
             retry_after = 1 if error.retryable else None
             start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
             await self.downstream(start)
@@ -237,7 +250,7 @@ class Cycle:
         headers = message.get("headers", ())
         kind, encoding = media_type(headers)
         self.headers_sent = True
-        status = message["status"]
+        self.status = status = message["status"]
         if (
             kind not in self.guard.content_types
             or (encoding and encoding not in DECODABLE)
@@ -256,6 +269,8 @@ class Cycle:
         if self.sse:
             self.scanner = SSEScanner()
             self.dialect = select(self.scope.get("path", ""))
+            if self.record is not None:
+                self.stats = StreamStats()  # observe every event, not only up to the first token
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.
@@ -297,6 +312,7 @@ class Cycle:
             self.bytes += len(body)
         if not more:
             self.complete = True
+            self.completed_at = now
         if self.keepalive is not None:
             await asyncio.wait((self.keepalive,))
         self.sending_since = self.last_write = now
@@ -311,15 +327,25 @@ class Cycle:
         if not events:
             return
         dialect, stats = self.dialect, self.stats
+        if stats is None:
+            for event in events:
+                if dialect is None:
+                    dialect = self.dialect = sniff(event)
+                if dialect.is_token(event):
+                    self.first_token_at = now
+                    self.scanner = None  # nothing more to learn per chunk
+                    return
+            return
+        tokens = stats.tokens
         for event in events:
             if dialect is None:
                 dialect = self.dialect = sniff(event)
-            if self.first_token_at is None and dialect.is_token(event):
+            dialect.observe(event, stats)
+        if stats.tokens != tokens:
+            if self.first_token_at is None:
                 self.first_token_at = now
-            if stats is not None:
-                dialect.observe(event, stats)
-        if self.first_token_at is not None and stats is None:
-            self.scanner = None  # nothing more to learn per chunk
+            assert self.record is not None and dialect is not None
+            self.record.token(now, events, dialect)
 
     # -- the one timer ---------------------------------------------------------------------------
 
