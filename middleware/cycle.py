@@ -30,7 +30,7 @@ from middleware.framing import (
     stream_headers,
     terminal_event,
 )
-from middleware.sse import LineState, SSEScanner, advance
+from middleware.sse import Event, LineState, SSEScanner, advance
 from middleware.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
@@ -303,7 +303,9 @@ class Cycle:
                     # A BOM is only a BOM at the start of the stream; a keep-alive went first.
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
-            if self.scanner is not None:
+            if self.stats is not None:
+                self._observe(body, now, self.stats)
+            elif self.scanner is not None:
                 self._scan(body, now)
             elif self.first_token_at is None:
                 self.first_token_at = now
@@ -324,18 +326,36 @@ class Cycle:
     def _scan(self, body: bytes, now: float) -> None:
         assert self.scanner is not None
         events = self.scanner.feed(body)
-        if not events:
-            return
-        dialect, stats = self.dialect, self.stats
-        if stats is None:
-            for event in events:
-                if dialect is None:
-                    dialect = self.dialect = sniff(event)
-                if dialect.is_token(event):
-                    self.first_token_at = now
-                    self.scanner = None  # nothing more to learn per chunk
-                    return
-            return
+        dialect = self.dialect
+        for event in events:
+            if dialect is None:
+                dialect = self.dialect = sniff(event)
+            if dialect.is_token(event):
+                self.first_token_at = now
+                self.scanner = None  # nothing more to learn per chunk
+                return
+
+    def _observe(self, body: bytes, now: float, stats: StreamStats) -> None:
+        """Telemetry on: every event goes through the dialect, the record hears of tokens.
+
+        A chunk that is exactly one `data: ...` event and starts at an event boundary (the
+        usual LLM chunk) skips the scanner: at a boundary the scanner holds nothing, and it
+        holds nothing after such a chunk either, so skipping it is exact and saves most of
+        the per-token cost of telemetry.
+        """
+        dialect = self.dialect
+        if (
+            dialect is not None
+            and self.line_state is LineState.EVENT
+            and body.startswith(b"data: ")
+            and body.endswith(b"\n\n")
+            and body.find(b"\n") == len(body) - 2
+            and b"\r" not in body
+        ):
+            events = [Event("message", body[6:-2].decode("utf-8", "replace"), None, None)]
+        else:
+            assert self.scanner is not None
+            events = self.scanner.feed(body)
         tokens = stats.tokens
         for event in events:
             if dialect is None:
@@ -344,8 +364,11 @@ class Cycle:
         if stats.tokens != tokens:
             if self.first_token_at is None:
                 self.first_token_at = now
-            assert self.record is not None and dialect is not None
-            self.record.token(now, events, dialect)
+            record = self.record
+            assert record is not None and dialect is not None
+            record.gaps.add(now)
+            if record.text is not None:
+                record.capture(events, dialect)
 
     # -- the one timer ---------------------------------------------------------------------------
 

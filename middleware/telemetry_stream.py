@@ -2,7 +2,8 @@
 
 A `StreamRecord` is made in `Cycle.__init__` (so the span starts at request arrival, with an
 explicit timestamp) and finished by `observe` after the cycle has run. Between the two, the
-cycle calls `token()` once per content-carrying chunk; nothing else runs per chunk. All times
+cycle calls `gaps.add()` (and `capture()` when content capture is on) once per
+content-carrying chunk; nothing else of telemetry runs per chunk. All times
 are read from the loop clock the cycle already keeps and turned into wall-clock nanoseconds
 against the pair (time_ns, loop time) taken at arrival, so span durations and the TTFT
 attribute agree with the cycle's own deadlines.
@@ -129,8 +130,8 @@ class StreamRecord:
 
     # -- per content-carrying chunk ---------------------------------------------------------
 
-    def token(self, now: float, events: list[Event], dialect: Dialect) -> None:
-        self.gaps.add(now)
+    def capture(self, events: list[Event], dialect: Dialect) -> None:
+        """With capture_content: keep the text of a token chunk, up to capture_limit."""
         text = self.text
         if text is not None and self.text_len < self.telemetry.capture_limit:
             for event in events:
