@@ -47,6 +47,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Tracer
 
 from middleware import semconv
@@ -301,11 +302,14 @@ class _WithChunks(MetricExporter):
 
 
 def _with(data: MetricsData, chunk: Metric) -> Iterator[ResourceMetrics]:
-    added = False
-    for rm in data.resource_metrics:
+    """`data` with `chunk` in sidestream's scope (added when this export has none)."""
+    for i, rm in enumerate(data.resource_metrics):
         scopes = list(rm.scope_metrics)
-        for i, sm in enumerate(scopes):
-            if not added and sm.scope.name == semconv.INSTRUMENTATION_SCOPE:
-                scopes[i] = ScopeMetrics(sm.scope, [*sm.metrics, chunk], sm.schema_url)
-                added = True
+        mine = [j for j, sm in enumerate(scopes) if sm.scope.name == semconv.INSTRUMENTATION_SCOPE]
+        if mine:
+            sm = scopes[mine[0]]
+            scopes[mine[0]] = ScopeMetrics(sm.scope, [*sm.metrics, chunk], sm.schema_url)
+        elif i == 0:
+            scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE)
+            scopes.append(ScopeMetrics(scope, [chunk], ""))
         yield ResourceMetrics(rm.resource, scopes, rm.schema_url)

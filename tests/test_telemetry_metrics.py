@@ -14,6 +14,9 @@ from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
     Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
     NumberDataPoint,
     Sum,
 )
@@ -235,3 +238,40 @@ async def test_access_log_line_is_one_json_object(caplog: pytest.LogCaptureFixtu
     assert line["trace_id"] is None  # no tracer configured
     assert line["tokens"] == 3 and line["outcome"] == "completed"
     assert 20 <= line["itl_p50_ms"] <= 60
+
+
+class Collecting(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.exported: list[MetricsData] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+async def test_exported_metrics_include_the_chunk_histogram() -> None:
+    """A metric exporter (OTLP in production) receives the time-per-output-chunk histogram
+    next to the SDK's instruments, in sidestream's instrumentation scope."""
+    exporter = Collecting()
+    telemetry = Telemetry(metric_exporters=[exporter])
+    await run_streams(telemetry, [STREAM])
+    await asyncio.to_thread(telemetry.meter_provider.force_flush)
+    await asyncio.to_thread(telemetry.meter_provider.shutdown)
+    names = {
+        (sm.scope.name, m.name)
+        for data in exporter.exported
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert (semconv.INSTRUMENTATION_SCOPE, semconv.METRIC_TIME_PER_OUTPUT_CHUNK) in names
+    assert (semconv.INSTRUMENTATION_SCOPE, semconv.METRIC_OPERATION_DURATION) in names
