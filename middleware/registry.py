@@ -56,6 +56,11 @@ class StreamRegistry:
         self.draining = True
         if await self.wait_empty(timeout):
             return
+        self.shut_down_all()
+        await self.wait_empty(grace)
+
+    def shut_down_all(self) -> None:
+        """End every in-flight request now with a retryable terminal event."""
+        self.draining = True
         for request in list(self._active):
             request.shut_down()
-        await self.wait_empty(grace)

@@ -5,10 +5,11 @@ locals and a per-request `RequestBody`. The relay is pull-based — read one ups
 `await send()` it, repeat — so a slow client stops upstream reads, and nothing is queued.
 
 Deliberate surprises (do not "fix"):
-- Upstream failures are raised, not answered: httpcore's exceptions are translated at
-  this boundary into `middleware.errors` classes and StreamGuard turns them into a 502/504
-  (before headers) or a terminal SSE event (after). `error_response()` is the before-
-  headers half, for the guard and for tests running the app without it.
+- Upstream failures are raised, not answered: the HTTP/1.1 pool raises `middleware.errors`
+  classes itself, httpcore's (h2c) are translated into them at this boundary, and
+  StreamGuard turns them into a 502/504 (before headers) or a terminal SSE event (after).
+  `error_response()` is the before-headers half, for the guard and for tests running the
+  app without it.
 - Requests the proxy refuses itself (405, 413, 431) are answered here, without contacting
   the upstream: they are the client's errors, not stream failures.
 - A client that disconnects while sending its body ends the request quietly: there is no
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.parse
-from collections.abc import AsyncIterable, Iterator
+from collections.abc import Iterator
 
 import httpcore
 from opentelemetry import propagate, trace
@@ -45,7 +46,7 @@ class ClientDisconnected(Exception):
 
 @contextlib.contextmanager
 def map_exceptions() -> Iterator[None]:
-    """Translate httpcore's exceptions into the `middleware.errors` hierarchy."""
+    """Translate httpcore's exceptions (the h2c pool) into the `middleware.errors` hierarchy."""
     try:
         yield
     except httpcore.ConnectTimeout as exc:
@@ -198,14 +199,8 @@ class ProxyApp:
         )
         inject_trace_context(upstream_headers)
         body = await self._body(client_headers, declared, receive, upstream_headers)
-        request = httpcore.Request(
-            method.encode("ascii"),
-            self.upstream.url(_target(scope)),
-            headers=upstream_headers,
-            content=body,
-        )
         try:
-            await self._relay(request, send)
+            await self._relay(method.encode("ascii"), _target(scope), upstream_headers, body, send)
         except BodyTooLarge:
             await _refuse(send, 413, "request_too_large", self._too_large())
         except ClientDisconnected:
@@ -235,9 +230,11 @@ class ProxyApp:
             upstream_headers.append((b"transfer-encoding", b"chunked"))
         return RequestBody(receive, self.max_body, first)
 
-    async def _relay(self, request: httpcore.Request, send: Send) -> None:
+    async def _relay(
+        self, method: bytes, target: bytes, headers: rules.Headers, body: RequestBody, send: Send
+    ) -> None:
         with map_exceptions():
-            async with self.pool.exchange(request) as response:
+            async with self.pool.exchange(method, target, headers, body) as response:
                 await send(
                     {
                         "type": "http.response.start",
@@ -245,9 +242,7 @@ class ProxyApp:
                         "headers": rules.response_headers(response.headers),
                     }
                 )
-                stream = response.stream
-                assert isinstance(stream, AsyncIterable)
-                async for chunk in stream:
+                async for chunk in response.body:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -67,7 +67,7 @@ async def serve(
 
     http = "httptools" if server == "uvicorn-httptools" else "h11"
     uv_config = uvicorn.Config(
-        app, http=http, lifespan="off", log_level="warning", timeout_graceful_shutdown=1, **options
+        app, http=http, lifespan="auto", log_level="warning", timeout_graceful_shutdown=1, **options
     )
     uv = _QuietUvicorn(uv_config)
     task = asyncio.create_task(uv.serve(sockets=[sock]))

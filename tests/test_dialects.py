@@ -1,7 +1,6 @@
 """Per-format knowledge: tokens, usage, ids, finish reasons and terminal error events."""
 
 # The sample streams are kept one event per line, byte for byte as the servers send them.
-# ruff: noqa: E501
 
 from __future__ import annotations
 

@@ -174,6 +174,8 @@ async def test_app_listening_for_disconnect_still_hears_it() -> None:
     body_seen: list[bytes] = []
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
         parts = []
         while True:
             message = await receive()

@@ -18,8 +18,9 @@ import pytest
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
 from middleware.types import Message
+from sidecar.h1pool import H1Pool
 from sidecar.proxy import ProxyApp
-from sidecar.upstream import HTTP11Pool, Upstream
+from sidecar.upstream import Upstream
 from tests import clients
 from tests.servers import Server, serve
 from tests.upstreams import (
@@ -407,7 +408,7 @@ async def test_upstream_connection_is_reused_for_sequential_requests() -> None:
     async with echo_chain() as (port, echo, app):
         for _ in range(5):
             await echoed(await clients.request(port, "GET", "/r"))
-        assert isinstance(app.pool, HTTP11Pool)
+        assert isinstance(app.pool, H1Pool)
         assert app.pool.idle_count == 1
     assert len({tuple(r["client"]) for r in echo.seen}) == 1
     assert len(echo.seen) == 5
@@ -564,7 +565,7 @@ async def test_cancelling_the_request_closes_the_upstream_connection_at_once(whe
             await task
         await asyncio.wait_for(raw.connections[0].eof.wait(), 1)
         eof_at = raw.connections[0].eof_at
-        assert isinstance(app.pool, HTTP11Pool)
+        assert isinstance(app.pool, H1Pool)
         assert app.pool.idle_count == 0
         await app.aclose()
     assert eof_at is not None

@@ -1,0 +1,219 @@
+"""The sidecar's settings: command-line flags, each also read from `SIDESTREAM_<NAME>`.
+
+A flag on the command line wins over its environment variable, which wins over the default.
+A bad value, from either, exits with status 2 and one line naming the flag (and the variable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from sidecar.upstream import Upstream
+
+ENV_PREFIX = "SIDESTREAM_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: tuple[str, int]
+    upstream: Upstream
+    admin_listen: tuple[str, int]
+    upstream_health: str
+    keepalive_interval: float | None
+    first_token_timeout: float | None
+    idle_timeout: float | None
+    max_duration: float | None
+    send_timeout: float | None
+    drain_timeout: float
+    connect_timeout: float
+    max_streams: int | None
+    max_body: int | None
+    max_header_bytes: int
+    http2: bool
+    certfile: str | None
+    keyfile: str | None
+    log_level: str
+
+
+def host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"expected a number, got {value!r}") from None
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {value!r}") from None
+
+
+def seconds_or_off(value: str) -> float | None:
+    """Seconds > 0; `0`, `off` or `none` turns the timeout off."""
+    if value.strip().lower() in ("0", "off", "none"):
+        return None
+    number = _float(value)
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"expected seconds > 0 or 'off', got {value!r}")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    number = _float(value)
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"expected seconds > 0, got {value!r}")
+    return number
+
+
+def count_or_off(value: str) -> int | None:
+    if value.strip().lower() in ("0", "off", "none"):
+        return None
+    number = _int(value)
+    if number < 0:
+        raise ValueError(f"expected a whole number >= 0, got {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = _int(value)
+    if number <= 0:
+        raise ValueError(f"expected a whole number > 0, got {value!r}")
+    return number
+
+
+def health_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"expected a path starting with '/', got {value!r}")
+    return value
+
+
+def log_level(value: str) -> str:
+    level = value.strip().lower()
+    if level not in ("critical", "error", "warning", "info", "debug"):
+        raise ValueError(f"expected one of critical, error, warning, info, debug; got {value!r}")
+    return level
+
+
+def flag_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+# (flag, parser, default, help). The default is a string, parsed like any other value.
+FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
+    ("listen", host_port, "0.0.0.0:8080", "traffic listener"),
+    (
+        "upstream",
+        Upstream.parse,
+        None,
+        "the inference server: http://HOST:PORT, h2c://HOST:PORT or unix:/PATH",
+    ),
+    (
+        "admin-listen",
+        host_port,
+        "127.0.0.1:9901",
+        "admin listener (/livez /readyz /metrics /drain)",
+    ),
+    ("upstream-health", health_path, "/health", "upstream path /readyz checks"),
+    ("keepalive-interval", seconds_or_off, "15", "idle seconds before an SSE keep-alive comment"),
+    ("first-token-timeout", seconds_or_off, "300", "seconds from request to the first token"),
+    ("idle-timeout", seconds_or_off, "120", "seconds allowed between upstream chunks"),
+    ("max-duration", seconds_or_off, "3600", "seconds a whole stream may last"),
+    ("send-timeout", seconds_or_off, "60", "seconds a client may accept nothing"),
+    ("drain-timeout", positive_seconds, "30", "seconds in-flight streams get on shutdown"),
+    ("connect-timeout", positive_seconds, "10", "seconds to connect to the upstream"),
+    ("max-streams", count_or_off, "10000", "concurrent requests; past it 503 (0 = no limit)"),
+    (
+        "max-body",
+        count_or_off,
+        str(100 * 1024 * 1024),
+        "request body bytes; past it 413 (0 = no limit)",
+    ),
+    ("max-header-bytes", positive_int, "32768", "request header bytes; past it 431"),
+    (
+        "http2",
+        flag_bool,
+        "false",
+        "serve HTTP/2 (h2c, and h2 with TLS) next to HTTP/1.1 via hypercorn",
+    ),
+    ("certfile", str, None, "TLS certificate (PEM) for the traffic listener"),
+    ("keyfile", str, None, "TLS private key (PEM) for the traffic listener"),
+    ("log-level", log_level, "info", "critical, error, warning, info or debug"),
+)
+
+
+def env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="sidestream",
+        description="sidestream sidecar: a streaming-safe reverse proxy for an inference server.",
+        epilog="Timeouts accept 0 or 'off' to disable. OTEL_* variables configure telemetry.",
+    )
+    for flag, _, default, text in FLAGS:
+        shown = "required" if flag == "upstream" else f"default {default}"
+        if flag == "http2":
+            p.add_argument(
+                "--http2", action="store_const", const="true", help=f"{text} [{env_name(flag)}]"
+            )
+            continue
+        metavar = flag.split("-")[-1].upper()
+        p.add_argument(f"--{flag}", metavar=metavar, help=f"{text} [{env_name(flag)}; {shown}]")
+    return p
+
+
+def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse flags and environment into Settings, or exit 2 with one line naming the problem."""
+    p = parser()
+    args = vars(p.parse_args(argv))
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for flag, parse, default, _ in FLAGS:
+        key = flag.replace("-", "_")
+        raw, source = args.get(key), f"--{flag}"
+        if raw is None and env_name(flag) in environ:
+            raw, source = environ[env_name(flag)], f"{env_name(flag)} (--{flag})"
+        if raw is None:
+            raw = default
+        if raw is None:
+            if flag == "upstream":
+                p.error(f"--upstream (or {env_name(flag)}) is required")
+            values[key] = None
+            continue
+        try:
+            values[key] = parse(raw)
+        except ValueError as exc:
+            p.error(f"argument {source}: {exc}")
+    if (values["certfile"] is None) != (values["keyfile"] is None):
+        p.error("argument --certfile/--keyfile: give both or neither")
+    return Settings(**values)
+
+
+def fail(message: str) -> NoReturn:
+    sys.stderr.write(f"sidestream: error: {message}\n")
+    raise SystemExit(2)

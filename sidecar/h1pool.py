@@ -1,0 +1,193 @@
+"""The HTTP/1.1 keep-alive pool: idle `H1Connection`s in a LIFO deque, O(1) both ways.
+
+An exchange is an async context manager around one request. Its `__aenter__` sends the
+request (head plus the first body chunk in one write, then the rest with write-side flow
+control) and returns the `Response` once its headers are in. Leaving it normally, with
+the response complete and keep-alive allowed, returns the connection to the pool; leaving
+it any other way — an exception, a cancellation, a body not read to its end — aborts the
+connection synchronously, before any await, so the upstream sees the close at once.
+
+A reused connection that fails before any response byte, while no request body byte has
+been taken from the client, is retried once on a fresh connection: the keep-alive race
+(the upstream closed it as we sent), when sending again is still safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import types
+from collections.abc import AsyncIterable, AsyncIterator
+
+from middleware.errors import UpstreamConnectError, UpstreamProtocolError
+from sidecar.h1 import Body, H1Connection, Headers, Response, encode_head
+
+
+class H1Pool:
+    """HTTP/1.1 connections to `host:port`, or to the unix socket at `path` when given."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        path: str | None = None,
+        max_idle: int = 256,
+        connect_timeout: float = 10.0,
+        keepalive_expiry: float = 4.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.path = path
+        self.max_idle = max_idle
+        self.connect_timeout = connect_timeout
+        self.keepalive_expiry = keepalive_expiry
+        self._idle: collections.deque[H1Connection] = collections.deque()
+        self._closed = False
+
+    def exchange(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: AsyncIterable[bytes] | None = None,
+    ) -> H1Exchange:
+        """One request: `headers` must carry the framing (Content-Length or chunked)."""
+        return H1Exchange(self, method, target, headers, body)
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().abort()
+
+    def take_idle(self) -> H1Connection | None:
+        """The most recently used live idle connection, or None."""
+        now = asyncio.get_running_loop().time()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.dead and now - conn.idle_since < self.keepalive_expiry:
+                return conn
+            conn.abort()
+        return None
+
+    async def connect(self) -> H1Connection:
+        loop = asyncio.get_running_loop()
+        where = f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                if self.path is not None:
+                    _, conn = await loop.create_unix_connection(H1Connection, self.path)
+                else:
+                    _, conn = await loop.create_connection(H1Connection, self.host, self.port)
+        except TimeoutError:
+            message = f"timed out connecting to the upstream {where} ({self.connect_timeout} s)"
+            raise UpstreamConnectError(message) from None
+        except OSError as exc:
+            raise UpstreamConnectError(f"could not connect to the upstream {where}: {exc}") from exc
+        return conn
+
+    def release(self, conn: H1Connection) -> None:
+        if self._closed or len(self._idle) >= self.max_idle:
+            conn.abort()
+            return
+        now = asyncio.get_running_loop().time()
+        conn.finish(now)
+        self._idle.append(conn)
+        # LIFO leaves the oldest idle connection at the bottom: check one per release, so
+        # connections the upstream closed or that expired do not linger there (still O(1)).
+        bottom = self._idle[0]
+        if bottom.dead or now - bottom.idle_since >= self.keepalive_expiry:
+            self._idle.popleft().abort()
+
+
+def _is_chunked(headers: Headers) -> bool:
+    return any(name.lower() == b"transfer-encoding" for name, _ in headers)
+
+
+class H1Exchange:
+    __slots__ = ("_body", "_chunked", "_conn", "_head", "_method", "_pool")
+
+    def __init__(
+        self,
+        pool: H1Pool,
+        method: bytes,
+        target: bytes,
+        headers: Headers,
+        body: AsyncIterable[bytes] | None,
+    ) -> None:
+        self._pool = pool
+        self._method = method
+        self._head = encode_head(method, target, headers)
+        self._chunked = _is_chunked(headers)
+        self._body = body
+        self._conn: H1Connection | None = None
+
+    async def __aenter__(self) -> Response:
+        rest = None if self._body is None else aiter(self._body)
+        first = None if rest is None else await anext(rest, None)
+        conn = self._pool.take_idle()
+        reused = conn is not None
+        if conn is None:
+            conn = await self._pool.connect()
+        self._conn = conn
+        try:
+            await self._send(conn, first, rest)
+        except UpstreamProtocolError:
+            conn.abort()
+            if not reused or conn.received or getattr(self._body, "started", first is not None):
+                raise
+            self._conn = conn = await self._pool.connect()
+            try:
+                await self._send(conn, first, rest)
+            except BaseException:
+                conn.abort()
+                raise
+        except BaseException:
+            conn.abort()
+            raise
+        return Response(conn.status, conn.headers, Body(conn))
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        conn = self._conn
+        assert conn is not None
+        if exc_type is None and conn.reusable():
+            self._pool.release(conn)
+        else:
+            conn.abort()
+
+    async def _send(
+        self, conn: H1Connection, first: bytes | None, rest: AsyncIterator[bytes] | None
+    ) -> None:
+        conn.begin(self._method)
+        chunked = self._chunked
+        if first is None:
+            conn.write(self._head + b"0\r\n\r\n" if chunked else self._head)
+        else:
+            conn.write(self._head + (_chunk(first) if chunked else first))
+            assert rest is not None
+            async for chunk in rest:
+                if conn.dead:  # the upstream may have answered early: read that below
+                    break
+                conn.write(_chunk(chunk) if chunked else chunk)
+                if conn.write_paused:
+                    await conn.drain()
+            if chunked and not conn.dead:
+                conn.write(b"0\r\n\r\n")
+        conn.request_done = not conn.dead
+        while not conn.head_done:
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
