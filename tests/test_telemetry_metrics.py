@@ -49,6 +49,8 @@ async def run_streams(telemetry: Telemetry, scripts: list[Any], **guard: Any) ->
     app_scripts = iter(scripts)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
         await scripted(next(app_scripts))(scope, receive, send)  # type: ignore[operator]
 
     guard_app = StreamGuard(app, telemetry=telemetry, **guard)
