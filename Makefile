@@ -33,6 +33,14 @@ test: $(STAMP) ## Run the test suite with coverage.
 soak: $(STAMP) ## Soak: 2 min of mixed traffic at 300 streams (aborts, upstream failures, slow readers); fails on a leak. SOAK_ARGS="--duration 600"
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
+.PHONY: bench
+bench: $(STAMP) ## Quick benchmark: direct vs sidestream vs nginx vs tutorial proxy (< 3 min).
+	$(BIN)/python -m bench
+
+.PHONY: bench-full
+bench-full: $(STAMP) ## Full benchmark: 3 repetitions, 2,000 and 9,000 idle streams (< 10 min).
+	$(BIN)/python -m bench --full
+
 .PHONY: lint
 lint: $(STAMP) ## ruff format --check and ruff check.
 	$(BIN)/ruff format --check $(SRC)

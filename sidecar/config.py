@@ -29,6 +29,7 @@ class Settings:
     idle_timeout: float | None
     max_duration: float | None
     send_timeout: float | None
+    header_timeout: float | None
     drain_timeout: float
     connect_timeout: float
     max_streams: int | None
@@ -138,6 +139,12 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ("idle-timeout", seconds_or_off, "120", "seconds allowed between upstream chunks"),
     ("max-duration", seconds_or_off, "3600", "seconds a whole stream may last"),
     ("send-timeout", seconds_or_off, "60", "seconds a client may accept nothing"),
+    (
+        "header-timeout",
+        seconds_or_off,
+        "10",
+        "seconds a client may take to send a request head; past it 408 (slowloris)",
+    ),
     ("drain-timeout", positive_seconds, "30", "seconds in-flight streams get on shutdown"),
     ("connect-timeout", positive_seconds, "10", "seconds to connect to the upstream"),
     ("max-streams", count_or_off, "10000", "concurrent requests; past it 503 (0 = no limit)"),

@@ -90,6 +90,50 @@ def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
+_FORBIDDEN_IN_HEADERS = (b"\r", b"\n", b"\x00")
+_VERSIONS = frozenset({"1.0", "1.1", "2"})  # not 0.9, nor "HTTP/2.0" in an HTTP/1 request line
+
+
+def request_problem(headers: Iterable[tuple[bytes, bytes]], http_version: str) -> str | None:
+    """Why a client request's framing is unsafe to forward, or None when it is fine.
+
+    Request smuggling lives in the gap between two parsers' readings of the same bytes, so
+    the proxy refuses (400) anything a second parser could read differently: both
+    `Content-Length` and `Transfer-Encoding`, more than one `Content-Length` or one that is
+    not a plain number, a `Transfer-Encoding` whose last coding is not `chunked`, zero or
+    several `Host` headers on HTTP/1.1 (RFC 9112 3.2), CR, LF or NUL in a header, and a
+    version other than 1.0, 1.1 or 2 (`GET /` alone parses as HTTP/0.9). The
+    ASGI server (httptools, h11, h2) rejects most of these first; this is the second line
+    for what one of them lets through.
+    """
+    if http_version not in _VERSIONS:
+        return f"HTTP version {http_version!r} is not served"
+    lengths: list[bytes] = []
+    codings: list[bytes] = []
+    hosts = 0
+    for name, value in headers:
+        if any(c in name or c in value for c in _FORBIDDEN_IN_HEADERS):
+            return "a header contains CR, LF or NUL"
+        name = name.lower()
+        if name == b"content-length":
+            lengths.append(value.strip())
+        elif name == b"transfer-encoding":
+            codings.extend(c.strip().lower() for c in value.split(b","))
+        elif name == b"host":
+            hosts += 1
+    if lengths and codings:
+        return "both Content-Length and Transfer-Encoding"
+    if len(lengths) > 1:
+        return "more than one Content-Length"
+    if lengths and not lengths[0].isdigit():
+        return "Content-Length is not a number"
+    if codings and codings[-1] != b"chunked":
+        return "Transfer-Encoding does not end in chunked"
+    if hosts > 1 or (hosts == 0 and http_version == "1.1"):
+        return "an HTTP/1.1 request needs exactly one Host"
+    return None
+
+
 def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:
     """Size of the header block as on the wire: `name: value\\r\\n` per header."""
     return sum(len(name) + len(value) + 4 for name, value in headers)

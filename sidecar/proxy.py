@@ -10,7 +10,7 @@ Deliberate surprises (do not "fix"):
   StreamGuard turns them into a 502/504 (before headers) or a terminal SSE event (after).
   `error_response()` is the before-headers half, for the guard and for tests running the
   app without it.
-- Requests the proxy refuses itself (405, 413, 431) are answered here, without contacting
+- Requests the proxy refuses itself (400, 405, 413, 431) are answered here, without contacting
   the upstream: they are the client's errors, not stream failures.
 - A client that disconnects while sending its body ends the request quietly: there is no
   one left to answer.
@@ -34,6 +34,7 @@ from sidecar.upstream import Pool, Upstream, make_pool
 MiB = 1024 * 1024
 
 _REFUSED_METHODS = frozenset({"CONNECT", "TRACE"})
+_CLOSE = [(b"connection", b"close")]  # body unread or its framing in doubt: do not reuse
 
 
 class BodyTooLarge(Exception):
@@ -183,11 +184,15 @@ class ProxyApp:
         client_headers: list[tuple[bytes, bytes]] = scope["headers"]
         if rules.header_bytes(client_headers) > self.max_header_bytes:
             message = f"request headers exceed {self.max_header_bytes} bytes"
-            await _refuse(send, 431, "request_header_fields_too_large", message)
+            await _refuse(send, 431, "request_header_fields_too_large", message, _CLOSE)
+            return
+        problem = rules.request_problem(client_headers, scope.get("http_version", "1.1"))
+        if problem is not None:
+            await _refuse(send, 400, "bad_request", f"refused: {problem}", _CLOSE)
             return
         declared = rules.content_length(client_headers)
         if self.max_body is not None and declared is not None and declared > self.max_body:
-            await _refuse(send, 413, "request_too_large", self._too_large())
+            await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
             return
 
         client = scope.get("client")
@@ -202,7 +207,7 @@ class ProxyApp:
         try:
             await self._relay(method.encode("ascii"), _target(scope), upstream_headers, body, send)
         except BodyTooLarge:
-            await _refuse(send, 413, "request_too_large", self._too_large())
+            await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
         except ClientDisconnected:
             return
 

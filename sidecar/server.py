@@ -1,5 +1,9 @@
 """Run the sidecar: the guarded proxy on the traffic port, the admin app beside it, one loop.
 
+The traffic port is served by uvicorn (HTTP/1.1), or with `--http2` by hypercorn: HTTP/1.1
+and HTTP/2 on the same port — h2c with prior knowledge in cleartext, ALPN `h2`/`http/1.1`
+with TLS. The admin port is always uvicorn.
+
 Shutdown is sidestream's, not the server's: SIGTERM (or `POST /drain`) marks the process
 not-ready, refuses new requests with 503, lets in-flight streams run up to the drain
 timeout, ends the rest with a retryable terminal event, then stops both listeners and
@@ -13,9 +17,10 @@ import contextlib
 import logging
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -23,10 +28,12 @@ from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
 from sidecar.config import Settings
+from sidecar.inbound import protocol_class
 from sidecar.proxy import ProxyApp
 
 logger = logging.getLogger("sidestream")
 
+HEAD_SLACK_BYTES = 8192  # the request line and framing on top of --max-header-bytes
 DRAIN_GRACE_SECONDS = 0.5  # for streams ended by the drain to write their terminal event
 
 
@@ -36,6 +43,121 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+class Listener(Protocol):
+    """What the Sidecar needs of a server: serve until told to exit."""
+
+    should_exit: bool
+    force_exit: bool
+    started: bool
+
+    async def serve(self) -> None: ...
+
+
+class HypercornListener:
+    """hypercorn's asyncio `serve()` behind uvicorn.Server's three flags.
+
+    The socket is bound here (or given, bound, by a test), before hypercorn starts, so a
+    port in use fails like uvicorn (logged, exit status 1), and `started` means listening.
+    `should_exit` fires hypercorn's `shutdown_trigger`; `force_exit` drops its graceful wait.
+    """
+
+    def __init__(self, app: Any, settings: Settings, sock: socket.socket | None = None) -> None:
+        from hypercorn.config import Config
+
+        self.app = app
+        self.settings = settings
+        self.sock = sock
+        self.port = settings.listen[1]
+        self.config = config = Config()
+        config.backlog = 4096
+        config.certfile, config.keyfile = settings.certfile, settings.keyfile
+        config.alpn_protocols = ["h2", "http/1.1"]
+        config.h11_max_incomplete_size = settings.max_header_bytes + 1024
+        # Above the proxy's own limit, so an oversized header list gets its 431, not a reset.
+        config.h2_max_header_list_size = max(2**16, settings.max_header_bytes + 4096)
+        config.include_server_header = False
+        config.include_date_header = False
+        config.graceful_timeout = 1.0
+        # hypercorn 0.18 answers HTTP/2 request 1001 on a connection with GOAWAY naming that
+        # very stream, then cannot send its response: the request is lost. Never close for
+        # a request count (uvicorn does not either).
+        config.keep_alive_max_requests = 2**31
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.loglevel = settings.log_level.upper()
+        self.started = False
+        self._exit = asyncio.Event()
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            self._exit.set()
+
+    @property
+    def force_exit(self) -> bool:
+        return self.config.graceful_timeout == 0
+
+    @force_exit.setter
+    def force_exit(self, value: bool) -> None:
+        if value:  # read by hypercorn once its shutdown_trigger has fired
+            self.config.graceful_timeout = 0.0
+
+    async def serve(self) -> None:
+        from hypercorn.asyncio import serve
+
+        sock = self.sock
+        if sock is None:
+            host, port = self.settings.listen
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            try:
+                sock = socket.create_server((host, port), family=family, backlog=4096)
+            except OSError as exc:
+                logger.error("cannot listen on %s:%d: %s", host, port, exc)
+                return
+        self.port = sock.getsockname()[1]
+        sock.setblocking(False)
+        self.config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns and closes it
+        bound_h2_stream_buffers()
+        self.started = True
+        await serve(self.app, self.config, shutdown_trigger=self._exit.wait)
+
+
+def bound_h2_stream_buffers() -> None:
+    """Make hypercorn's per-stream HTTP/2 send buffer hold a writer back (idempotent).
+
+    hypercorn 0.17-0.18 `StreamBuffer.pop` wakes a writer paused at the high-water mark when
+    the chunk it *took* is small, not when what is *left* is. A client that stops opening a
+    stream's window gets `pop(0)` for every write, so the app is never held back and the
+    buffer grows without bound — the upstream is never paused for a slow HTTP/2 client. The
+    replacement wakes the writer once the buffer is under the low-water mark. Patched when
+    `--http2` starts serving, never on import.
+    """
+    from hypercorn.protocol import h2 as hyper_h2
+
+    if getattr(hyper_h2.StreamBuffer, "sidestream_bounded", False):
+        return
+    low_water = hyper_h2.BUFFER_LOW_WATER
+
+    class StreamBuffer(hyper_h2.StreamBuffer):
+        sidestream_bounded = True
+
+        async def pop(self, max_length: int) -> bytes:
+            buffer: bytearray = self.buffer
+            data = bytes(buffer[:max_length])
+            del buffer[:max_length]
+            if len(buffer) < low_water:
+                await self._paused.set()
+            if not buffer:
+                await self._is_empty.set()
+            return data
+
+    hyper_h2.StreamBuffer = StreamBuffer  # type: ignore[misc]
 
 
 def raise_nofile_limit() -> int:
@@ -78,17 +200,17 @@ class Sidecar:
         self.health = UpstreamHealth(settings.upstream, settings.upstream_health)
         metrics = getattr(telemetry, "prometheus_text", None)
         self.admin = AdminApp(self.registry, self.health, self.start_drain, metrics)
-        self.servers: list[uvicorn.Server] = []
+        self.servers: list[Listener] = []
         self._drain: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
     def _config(self, app: Any, listen: tuple[str, int], **extra: Any) -> uvicorn.Config:
         level = self.settings.log_level
+        extra.setdefault("http", "httptools")
         return uvicorn.Config(
             app,
             host=listen[0],
             port=listen[1],
-            http="httptools",
             lifespan="on",
             access_log=False,
             proxy_headers=False,
@@ -102,16 +224,20 @@ class Sidecar:
 
     async def serve(self) -> None:
         s = self.settings
-        traffic = _Server(
-            self._config(
-                self.guard,
-                s.listen,
-                backlog=4096,
-                h11_max_incomplete_event_size=s.max_header_bytes + 1024,
-                ssl_certfile=s.certfile,
-                ssl_keyfile=s.keyfile,
+        traffic: Listener
+        if s.http2:
+            traffic = HypercornListener(self.guard, s)
+        else:
+            traffic = _Server(
+                self._config(
+                    self.guard,
+                    s.listen,
+                    backlog=4096,
+                    http=protocol_class(s.header_timeout, s.max_header_bytes + HEAD_SLACK_BYTES),
+                    ssl_certfile=s.certfile,
+                    ssl_keyfile=s.keyfile,
+                )
             )
-        )
         admin = _Server(self._config(self.admin, s.admin_listen))
         self.servers = [traffic, admin]
         loop = asyncio.get_running_loop()

@@ -23,12 +23,11 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import anyio
 import httpcore
-from h2.errors import ErrorCodes
 
 from sidecar.h1 import Headers, Response
 from sidecar.h1pool import H1Pool
+from sidecar.h2 import HTTP2Pool
 
 Scheme = Literal["http", "h2c", "unix"]
 
@@ -125,127 +124,6 @@ class Pool(Protocol):
     ) -> Exchange: ...
 
     async def aclose(self) -> None: ...
-
-
-class HTTP2Pool:
-    """HTTP/2 prior knowledge: streams share the newest connection until it is full."""
-
-    def __init__(
-        self,
-        upstream: Upstream,
-        *,
-        max_streams_per_connection: int = 100,
-        connect_timeout: float = 10.0,
-    ) -> None:
-        self.upstream = upstream
-        self.max_streams_per_connection = max_streams_per_connection
-        self.connect_timeout = connect_timeout
-        self._backend = httpcore.AnyIOBackend()
-        self._active: dict[httpcore.AsyncHTTP2Connection, int] = {}
-        self._current: httpcore.AsyncHTTP2Connection | None = None
-        self._connect_lock = anyio.Lock()
-        self._closed = False
-
-    def exchange(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: Headers,
-        body: AsyncIterable[bytes] | None = None,
-    ) -> _HTTP2Exchange:
-        url = self.upstream.url(target)
-        return _HTTP2Exchange(self, httpcore.Request(method, url, headers=headers, content=body))
-
-    def _usable(self, connection: httpcore.AsyncHTTP2Connection | None) -> bool:
-        return (
-            connection is not None
-            and connection.is_available()
-            and self._active.get(connection, 0) < self.max_streams_per_connection
-        )
-
-    async def acquire(self) -> httpcore.AsyncHTTP2Connection:
-        if not self._usable(self._current):
-            async with self._connect_lock:
-                if not self._usable(self._current):
-                    stream = await _connect(self.upstream, self._backend, self.connect_timeout)
-                    self._current = httpcore.AsyncHTTP2Connection(self.upstream.origin, stream)
-                    self._active[self._current] = 0
-        assert self._current is not None
-        self._active[self._current] += 1
-        return self._current
-
-    async def release(self, connection: httpcore.AsyncHTTP2Connection) -> None:
-        left = self._active[connection] - 1
-        self._active[connection] = left
-        if left == 0 and (connection is not self._current or not connection.is_available()):
-            del self._active[connection]
-            if connection is self._current:
-                self._current = None
-            with anyio.CancelScope(shield=True):
-                await connection.aclose()
-
-    async def aclose(self) -> None:
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            for connection in list(self._active):
-                await connection.aclose()
-        self._active.clear()
-        self._current = None
-
-
-class _HTTP2Exchange:
-    __slots__ = ("_connection", "_pool", "_request", "_response")
-
-    def __init__(self, pool: HTTP2Pool, request: httpcore.Request) -> None:
-        self._pool = pool
-        self._request = request
-        self._connection: httpcore.AsyncHTTP2Connection | None = None
-        self._response: httpcore.Response | None = None
-
-    async def __aenter__(self) -> Response:
-        connection = await self._pool.acquire()
-        self._connection = connection
-        try:
-            self._response = response = await connection.handle_async_request(self._request)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._pool.release(connection)
-            raise
-        assert isinstance(response.stream, AsyncIterable)
-        return Response(response.status, response.headers, aiter(response.stream))
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        assert self._connection is not None and self._response is not None
-        with anyio.CancelScope(shield=True):
-            if exc_type is not None:
-                await _reset_stream(self._connection, self._response, self._request)
-            await self._response.aclose()
-            await self._pool.release(self._connection)
-
-
-async def _reset_stream(
-    connection: httpcore.AsyncHTTP2Connection,
-    response: httpcore.Response,
-    request: httpcore.Request,
-) -> None:
-    """Send RST_STREAM(CANCEL) for an abandoned stream: httpcore 1.0.x does not.
-
-    Uses httpcore internals (`_h2_state`, `_write_outgoing_data`); best effort — a
-    connection that is already broken needs no reset.
-    """
-    stream_id = response.extensions.get("stream_id")
-    if stream_id is None or not connection.is_available():
-        return
-    try:
-        connection._h2_state.reset_stream(stream_id, ErrorCodes.CANCEL)
-        await connection._write_outgoing_data(request)
-    except Exception:
-        return
 
 
 def make_pool(upstream: Upstream, *, connect_timeout: float = 10.0, max_idle: int = 256) -> Pool:

@@ -65,7 +65,7 @@ async def serve(
             sock.detach()  # hypercorn closed the descriptor itself
         return
 
-    http = "httptools" if server == "uvicorn-httptools" else "h11"
+    http = options.pop("http", "httptools" if server == "uvicorn-httptools" else "h11")
     uv_config = uvicorn.Config(
         app, http=http, lifespan="auto", log_level="warning", timeout_graceful_shutdown=1, **options
     )

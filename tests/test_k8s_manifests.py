@@ -401,6 +401,6 @@ def test_dockerfile_copies_files_that_exist_and_are_not_ignored() -> None:
                 assert source.rstrip("/") in allowed, f"{source} is excluded by .dockerignore"
                 copied.add(source.rstrip("/"))
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for package in pyproject["tool"]["setuptools"]["packages"]:
+    for package in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]:
         assert package.split(".")[0] in copied, package
     assert pyproject["project"]["readme"] in copied

@@ -1,0 +1,108 @@
+"""Process figures from /proc: CPU seconds, RSS, peak RSS and open fds of a process tree.
+
+A target is a process tree (nginx: master + worker; a Python proxy: one process), so every
+reading sums over the root and its descendants, found by scanning /proc for parent ids.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree(root: int) -> list[int]:
+    """`root` and all its descendants that are alive now."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (all their threads), in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat(5)
+    return total / TICK
+
+
+def memory_kb(pids: list[int]) -> tuple[int, int]:
+    """(VmRSS, VmHWM) summed over these processes, in KiB."""
+    rss = hwm = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("VmHWM:"):
+                        hwm += int(line.split()[1])
+        except OSError:
+            continue
+    return rss, hwm
+
+
+def fd_count(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            continue
+    return total
+
+
+@dataclass
+class Peak:
+    rss_kb: int = 0
+    hwm_kb: int = 0
+    fds: int = 0
+
+
+class Sampler:
+    """Samples RSS and fds of a tree every `interval` seconds on a thread; keeps the maxima."""
+
+    def __init__(self, pids: list[int], interval: float = 0.25) -> None:
+        self.pids = pids
+        self.interval = interval
+        self.peak = Peak()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            rss, hwm = memory_kb(self.pids)
+            fds = fd_count(self.pids)
+            p = self.peak
+            p.rss_kb, p.hwm_kb, p.fds = max(p.rss_kb, rss), max(p.hwm_kb, hwm), max(p.fds, fds)
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,140 @@
+"""Turn per-repetition figures into the markdown tables: medians, ratios, budgets.
+
+Ratios (added latency over `direct`, CPU over `nginx`, telemetry on over off) are computed
+within each repetition, then the median of those is shown — never a ratio of medians.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+Rep = dict[str, dict[str, Any]]  # target -> figures of one repetition
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def derive(rep: Rep) -> None:
+    """Add the within-repetition ratios and differences to each target's figures."""
+    direct, nginx = rep.get("direct", {}), rep.get("nginx", {})
+    off = rep.get("sidestream", {})
+    for target, f in rep.items():
+        for key, base, out in (
+            ("a_p50_ms", direct, "a_add_p50_ms"),
+            ("a_p99_ms", direct, "a_add_p99_ms"),
+            ("e_p50_ms", direct, "e_add_p50_ms"),
+            ("e_p99_ms", direct, "e_add_p99_ms"),
+        ):
+            if target != "direct" and _num(f.get(key)) and _num(base.get(key)):
+                f[out] = f[key] - base[key]
+        for key in ("a_cpu_100k", "b_cpu_100k"):
+            if _num(f.get(key)) and _num(nginx.get(key)) and nginx[key] > 0:
+                f[key + "_vs_nginx"] = f[key] / nginx[key]
+            if target == "sidestream+otel" and _num(f.get(key)) and _num(off.get(key)):
+                f[key + "_otel"] = f[key] / off[key]
+
+
+def medians(reps: list[Rep], targets: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {t: {} for t in targets}
+    for t in targets:
+        keys = {k for rep in reps for k in rep.get(t, {})}
+        for k in keys:
+            values = [rep[t][k] for rep in reps if t in rep and k in rep[t]]
+            nums = [v for v in values if _num(v)]
+            out[t][k] = statistics.median(nums) if nums else values[-1] if values else None
+    return out
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, str):
+        return x
+    if not _num(x):
+        return "—"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+ROWS: list[tuple[str, list[str], int]] = [
+    ("a. per-token latency p50 / p99 (ms)", ["a_p50_ms", "a_p99_ms"], 3),
+    ("a. added per-token latency p50 / p99 vs direct (ms)", ["a_add_p50_ms", "a_add_p99_ms"], 3),
+    ("a. proxy CPU s per 100k tokens", ["a_cpu_100k"], 2),
+    ("a. CPU per token vs nginx", ["a_cpu_100k_vs_nginx"], 2),
+    ("b. tokens/s", ["b_tokens_s"], 0),
+    ("b. proxy CPU s per 100k tokens", ["b_cpu_100k"], 2),
+    ("b. CPU per token vs nginx", ["b_cpu_100k_vs_nginx"], 2),
+    ("d. close seen upstream p50 / p99 (ms)", ["d_p50_ms", "d_p99_ms"], 2),
+    ("d. streams not cancelled upstream", ["d_ran_on"], 0),
+    ("e. TTFT p50 / p99 (ms)", ["e_p50_ms", "e_p99_ms"], 2),
+    ("e. added TTFT p50 / p99 vs direct (ms)", ["e_add_p50_ms", "e_add_p99_ms"], 2),
+]
+
+
+def idle_rows(sizes: list[int]) -> list[tuple[str, list[str], int]]:
+    rows = []
+    for n in sizes:
+        rows += [
+            (f"c. {n:,} idle: open / flowing", [f"c{n}_open", f"c{n}_flowing"], 0),
+            (f"c. {n:,} idle: RSS per stream (KB)", [f"c{n}_rss_per_stream_kb"], 1),
+            (f"c. {n:,} idle: peak RSS (MB) / fds", [f"c{n}_hwm_mb", f"c{n}_fds"], 0),
+            (
+                f"c. {n:,} idle: s to open all / all flowing",
+                [f"c{n}_ramp_s", f"c{n}_all_flowing_s"],
+                1,
+            ),
+        ]
+    return rows
+
+
+def table(med: dict[str, dict[str, Any]], targets: list[str], sizes: list[int]) -> str:
+    lines = ["| scenario | " + " | ".join(targets) + " |", "|---" * (len(targets) + 1) + "|"]
+    for label, keys, digits in ROWS[:7] + idle_rows(sizes) + ROWS[7:]:
+        cells = []
+        for t in targets:
+            f = med.get(t, {})
+            if "error" in f and not any(k in f for k in keys):
+                cells.append("fail")
+            else:
+                cells.append(" / ".join(fmt(f.get(k), digits) for k in keys))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def budgets(med: dict[str, dict[str, Any]], sizes: list[int], otel: bool) -> str:
+    s = med.get("sidestream", {})
+    o = med.get("sidestream+otel", {})
+    big = max(sizes)
+    checks: list[tuple[str, Any, str, bool | None]] = [
+        ("a. CPU per token ≤ 1.5x nginx", s.get("a_cpu_100k_vs_nginx"), "x", None),
+        ("b. CPU per token ≤ 1.5x nginx", s.get("b_cpu_100k_vs_nginx"), "x", None),
+        ("a. added per-token p50 ≤ 0.1 ms", s.get("a_add_p50_ms"), " ms", None),
+        ("a. added per-token p99 ≤ 1 ms", s.get("a_add_p99_ms"), " ms", None),
+        ("e. added TTFT p50 ≤ 0.5 ms", s.get("e_add_p50_ms"), " ms", None),
+        (f"c. {big:,} streams open, ≤ 24 KB each", s.get(f"c{big}_rss_per_stream_kb"), " KB", None),
+        ("d. close seen upstream p99 ≤ 5 ms", s.get("d_p99_ms"), " ms", None),
+        ("d. no stream runs on", s.get("d_ran_on"), "", None),
+    ]
+    limits = [1.5, 1.5, 0.1, 1.0, 0.5, 24.0, 5.0, 0]
+    rows = ["| budget (sidestream, telemetry off) | measured | met? |", "|---|---|---|"]
+    for (label, value, unit, _), limit in zip(checks, limits, strict=True):
+        ok = _num(value) and value <= limit
+        if label.startswith("c."):
+            ok = ok and s.get(f"c{big}_open") == big and s.get(f"c{big}_flowing") == big
+            if not (_num(value) and s.get(f"c{big}_open") == big):
+                value = f"{fmt(s.get(f'c{big}_open'), 0)} open, {fmt(value, 1)}"
+        shown = value if isinstance(value, str) else fmt(value, 3 if unit == " ms" else 2) + unit
+        rows.append(f"| {label} | {shown} | {'yes' if ok else '**no**'} |")
+    for key, scen in (("a_cpu_100k_otel", "a"), ("b_cpu_100k_otel", "b")):
+        label = f"{scen}. telemetry on: CPU per token ≤ 1.15x off"
+        if not otel:
+            rows.append(f"| {label} | telemetry-on: not yet available | — |")
+        else:
+            v = o.get(key)
+            met = v is not None and _num(v) and float(v) <= 1.15
+            rows.append(f"| {label} | {fmt(v)}x | {'yes' if met else '**no**'} |")
+    return "\n".join(rows)

@@ -1,0 +1,191 @@
+"""`python -m bench [--full]`: run every target through the scenarios, print the markdown report.
+
+Quick mode (`make bench`, under 3 minutes): one repetition, fewer cancel/connect samples,
+2,000 idle streams. Full mode (`make bench-full`, under 10 minutes): three repetitions and
+idle at 2,000 and 9,000. Each repetition starts each target's processes afresh, in an order
+rotated by one per repetition. The report goes to stdout and `bench/results/<timestamp>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import report, scenarios
+from bench.targets import (
+    LOAD_CORES,
+    PROXY_CORES,
+    PY,
+    ROOT,
+    TARGETS,
+    fetch,
+    free_port,
+    nginx_binary,
+    pin,
+    session,
+    wait_port,
+)
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    reps: int
+    flood_s: float
+    cancels: int
+    connects: int
+    idle: tuple[int, ...]
+
+
+QUICK = Mode("quick", reps=1, flood_s=2.0, cancels=50, connects=100, idle=(2000,))
+FULL = Mode("full", reps=3, flood_s=3.0, cancels=100, connects=200, idle=(2000, 9000))
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def rotate(items: list[str], n: int) -> list[str]:
+    n %= len(items)
+    return items[n:] + items[:n]
+
+
+def sink_counts(port: int) -> int:
+    return sum(json.loads(fetch(port, "/count")).values())
+
+
+def telemetry_wired(sink_port: int) -> bool:
+    """Run a few streams through sidestream with telemetry on; did the sink get exports?"""
+    before = sink_counts(sink_port)
+    with session("sidestream+otel", sink_port):
+        time.sleep(2.0)  # the exporters' intervals are set to 0.5 s and 1 s
+    return sink_counts(sink_port) > before
+
+
+def run_streams(target: str, sink_port: int, mode: Mode) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    with session(target, sink_port) as s:
+        steps: list[Callable[[], dict[str, Any]]] = [
+            lambda: scenarios.paced(s),
+            lambda: scenarios.flood(s, duration=mode.flood_s),
+            lambda: scenarios.cancel(s, streams=mode.cancels),
+            lambda: scenarios.connect(s, n=mode.connects),
+        ]
+        for step in steps:
+            figures.update(step())
+    return figures
+
+
+def run_idle(target: str, sink_port: int, n: int) -> dict[str, Any]:
+    with session(target, sink_port) as s:
+        return scenarios.idle(s, n)
+
+
+def guarded(label: str, fn: Any, *args: Any) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        figures: dict[str, Any] = fn(*args)
+    except Exception as exc:
+        log(f"  {label}: FAILED {type(exc).__name__}: {exc}")
+        traceback.print_exc(limit=2)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    log(f"  {label}: {time.monotonic() - t0:.1f}s")
+    return figures
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, "
+        f"Python {platform.python_version()}; proxy pinned to CPU {sorted(PROXY_CORES)}, "
+        f"load generator + emulator on {sorted(LOAD_CORES)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="full mode (about 10 minutes)")
+    parser.add_argument("--reps", type=int, help="repetitions (default: 1 quick, 3 full)")
+    parser.add_argument("--targets", help=f"comma-separated subset of {','.join(TARGETS)}")
+    args = parser.parse_args(argv)
+    mode = FULL if args.full else QUICK
+    reps = args.reps or mode.reps
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    notes = [f"Mode: {mode.name}, {reps} repetition(s). Machine: {machine()}."]
+    if hard < 2 * max(mode.idle) + 1000:
+        notes.append(f"RLIMIT_NOFILE hard limit is {hard}: the largest idle run may run out.")
+    targets = [t for t in (args.targets or ",".join(TARGETS)).split(",") if t]
+    if "nginx" in targets and nginx_binary() is None:
+        targets.remove("nginx")
+        notes.append("nginx is not installed: skipped (apt-get install nginx).")
+        log(notes[-1])
+    started = time.monotonic()
+    sink_port = free_port()
+    sink = subprocess.Popen(
+        [PY, "-m", "bench.sink", str(sink_port)], cwd=ROOT, preexec_fn=pin(LOAD_CORES)
+    )
+    try:
+        wait_port(sink_port, sink)
+        otel = "sidestream+otel" in targets and telemetry_wired(sink_port)
+        if "sidestream+otel" in targets and not otel:
+            targets.remove("sidestream+otel")
+            notes.append(
+                "telemetry-on: not yet available (sidestream sent no OTLP export to the sink)."
+            )
+            log(notes[-1])
+        reps_figures: list[report.Rep] = []
+        for rep in range(reps):
+            figures: report.Rep = {}
+            for target in rotate(targets, rep):
+                log(f"rep {rep + 1}/{reps}: {target}")
+                figures[target] = guarded(target, run_streams, target, sink_port, mode)
+            reps_figures.append(figures)
+        idle_targets = [t for t in targets if t != "sidestream+otel"]
+        for i, n in enumerate(mode.idle):
+            for target in rotate(idle_targets, i):
+                log(f"idle {n}: {target}")
+                reps_figures[0].setdefault(target, {}).update(
+                    guarded(target, run_idle, target, sink_port, n)
+                )
+    finally:
+        sink.terminate()
+        sink.wait()
+    for figures in reps_figures:
+        report.derive(figures)
+    med = report.medians(reps_figures, targets)
+    elapsed = time.monotonic() - started
+    notes.append(f"Wall time: {elapsed:.0f} s.")
+    errors = [f"{t}: {f['error']}" for rep in reps_figures for t, f in rep.items() if "error" in f]
+    text = "\n\n".join(
+        [
+            f"# sidestream benchmark — {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            " ".join(notes),
+            report.table(med, targets, list(mode.idle)),
+            report.budgets(med, list(mode.idle), otel),
+        ]
+        + (["Errors:\n" + "\n".join(f"- {e}" for e in errors)] if errors else [])
+    )
+    out = ROOT / "bench" / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-{mode.name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    log("\n" + text + f"\n\n(written to {out.relative_to(ROOT)})")
+    return 0

@@ -1,0 +1,166 @@
+"""The five scenarios, each run against one live `Session`; each returns a flat dict of figures.
+
+a. paced: 50 streams x 200 tokens at 20 ms — per-token one-way latency, CPU per 100k tokens.
+b. flood: 64 streams, tokens as fast as the emulator sends — tokens/s, CPU per 100k tokens.
+c. idle: N open streams, one token every 5 s — all open and flowing? RSS per stream.
+d. cancel: clients close after 10 of 1,000 tokens — delay until the emulator sees the close.
+e. connect: sequential new connections, one token each — TTFT.
+
+CPU is the proxy tree's utime+stime across the load run (the proxy idles before and after).
+Latency and TTFT are absolute here; `report` subtracts `direct` within the same repetition.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from typing import Any
+
+from bench.procstat import Sampler, cpu_seconds, memory_kb
+from bench.targets import LOAD_CORES, PY, ROOT, Session, fetch, pin
+
+Figures = dict[str, Any]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def loadgen(port: int, cfgs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Run one load generator process per config, started together; their JSON results."""
+    start_at = time.monotonic() + 0.5
+    procs = [
+        subprocess.Popen(
+            [PY, "-m", "bench.loadgen", json.dumps({**cfg, "port": port, "start_at": start_at})],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            preexec_fn=pin(LOAD_CORES),
+        )
+        for cfg in cfgs
+    ]
+    results = []
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise RuntimeError(f"load generator timed out after {timeout:.0f}s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"load generator failed ({proc.returncode})")
+        results.append(json.loads(out))
+    return results
+
+
+def _streams(s: Session, cfg: dict[str, Any], timeout: float) -> tuple[list[Any], list[int], float]:
+    pids = s.pids()
+    cpu0 = cpu_seconds(pids)
+    (result,) = loadgen(s.port, [cfg], timeout)
+    cpu = cpu_seconds(pids) - cpu0 if pids else math.nan
+    return result["streams"], result["latencies_ns"], cpu
+
+
+def paced(s: Session, streams: int = 50, tokens: int = 200, itl_ms: float = 20) -> Figures:
+    cfg = dict(concurrency=streams, streams=streams, tokens=tokens, itl_ms=itl_ms, stamp=True)
+    cfg["stagger_s"] = itl_ms / 1000
+    records, lat, cpu = _streams(s, cfg, timeout=tokens * itl_ms / 1000 + 60)
+    got = sum(r[1] for r in records)
+    ms = [x / 1e6 for x in lat]
+    return {
+        "a_p50_ms": pct(ms, 50),
+        "a_p99_ms": pct(ms, 99),
+        "a_tokens": got,
+        "a_completed": sum(r[3] for r in records),
+        "a_cpu_100k": cpu / got * 1e5 if got else math.nan,
+    }
+
+
+def flood(s: Session, duration: float = 3.0, streams: int = 64) -> Figures:
+    cfg = dict(concurrency=streams, duration=duration, tokens=20000, itl_ms=0)
+    records, _, cpu = _streams(s, cfg, timeout=duration + 60)
+    got = sum(r[1] for r in records)
+    return {
+        "b_tokens_s": got / duration,
+        "b_cpu_100k": cpu / got * 1e5 if got else math.nan,
+    }
+
+
+def idle(s: Session, n: int, hold_s: float = 5.5, rate: float = 3000.0) -> Figures:
+    procs = max(1, math.ceil(n / 3000))
+    share = [n // procs + (i < n % procs) for i in range(procs)]
+    cfgs = [
+        dict(mode="hold", concurrency=k, rate=rate / procs, hold_s=hold_s, tokens=100)
+        | dict(ttft_ms=0, itl_ms=5000)
+        for k in share
+    ]
+    pids = s.pids()
+    base_rss, _ = memory_kb(pids)
+    with Sampler(pids) as sampler:
+        results = loadgen(s.port, cfgs, timeout=n / rate + hold_s + 60)
+    errors: dict[str, int] = {}
+    for r in results:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    peak = sampler.peak
+    prefix = f"c{n}"
+    return {
+        f"{prefix}_open": sum(r["open"] for r in results),
+        f"{prefix}_flowing": sum(r["flowing"] for r in results),
+        f"{prefix}_ramp_s": max(r["ramp_s"] for r in results),
+        f"{prefix}_all_flowing_s": max(r["all_flowing_s"] for r in results),
+        f"{prefix}_rss_per_stream_kb": (peak.rss_kb - base_rss) / n if pids else math.nan,
+        f"{prefix}_hwm_mb": peak.hwm_kb / 1024 if pids else math.nan,
+        f"{prefix}_fds": peak.fds if pids else math.nan,
+        f"{prefix}_errors": errors,
+    }
+
+
+def _emulator_stats(s: Session) -> dict[str, Any]:
+    return dict(json.loads(fetch(s.upstream_port, "/debug/stats")))
+
+
+def _quiet(s: Session, timeout: float = 10.0) -> dict[str, Any]:
+    """Emulator stats once no stream is active (earlier scenarios' streams have ended)."""
+    deadline = time.monotonic() + timeout
+    while (stats := _emulator_stats(s))["streams_active"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return stats
+
+
+def cancel(s: Session, streams: int = 100, spacing_s: float = 0.015) -> Figures:
+    before = _quiet(s)
+    t0 = before["now"]
+    cfg: dict[str, Any] = dict(concurrency=streams, streams=streams, tokens=1000, itl_ms=10)
+    cfg |= dict(close_after=10, stagger_s=streams * spacing_s)
+    records, _, _ = _streams(s, cfg, timeout=streams * spacing_s + 60)
+    closes = sorted(r[4] for r in records if r[4])
+    deadline = time.monotonic() + 3.0
+    while True:
+        after = _emulator_stats(s)
+        cancelled = after["streams_cancelled"] - before["streams_cancelled"]
+        if cancelled >= len(closes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    seen = sorted(t for t in after["cancel_times"] if t > t0)
+    delays = [(b - a) * 1000 for a, b in zip(closes, seen, strict=False)]
+    started = after["streams_started"] - before["streams_started"]
+    return {
+        "d_p50_ms": pct(delays, 50),
+        "d_p99_ms": pct(delays, 99),
+        "d_closed": len(closes),
+        "d_upstream_saw": cancelled,
+        "d_ran_on": started - cancelled,  # still streaming upstream, or ran to the end
+    }
+
+
+def connect(s: Session, n: int = 200) -> Figures:
+    cfg = dict(concurrency=1, streams=n, tokens=1, itl_ms=0, stamp=True)
+    records, _, _ = _streams(s, cfg, timeout=60)
+    ttft = [r[0] / 1e6 for r in records if r[0] >= 0]
+    return {"e_p50_ms": pct(ttft, 50), "e_p99_ms": pct(ttft, 99), "e_ok": len(ttft)}

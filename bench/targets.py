@@ -1,0 +1,248 @@
+"""Start and stop what the benchmark measures: the emulator upstream and each proxy target.
+
+Every target runs as fresh processes for each session: the proxy pinned to its own core
+(`PROXY_CORES`), the emulator, the OTLP sink and the load generators on the others
+(`LOAD_CORES`). On a 2-core machine that is one core each.
+
+Targets: `direct` (the client talks to the emulator: the physical floor), `sidestream`
+(`python -m sidecar`, telemetry off), `sidestream+otel` (spans + metrics on, 100% sampling,
+exporting to the bench's sink), `nginx` (Debian package, 1 worker, `proxy_buffering off`,
+HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procstat import tree
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+_CORES = sorted(os.sched_getaffinity(0))
+PROXY_CORES = {_CORES[-1]}
+LOAD_CORES = set(_CORES[:-1]) or set(_CORES)
+TARGETS = ("direct", "sidestream", "sidestream+otel", "nginx", "tutorial")
+
+
+def pin(cores: set[int]) -> Callable[[], None]:
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s: {proc.args!r}")
+
+
+def fetch(port: int, path: str, timeout: float = 5.0) -> bytes:
+    """A blocking GET with `Connection: close`; returns the body (no chunked bodies here)."""
+    with socket.create_connection(("127.0.0.1", port), timeout) as s:
+        s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.split(b"\r\n\r\n", 1)[1]
+
+
+def warm_up(port: int, n: int = 20) -> None:
+    """A few short streams through the target so pools and caches are warm before measuring."""
+    body = b'{"model":"emulator","messages":[{"role":"user","content":"hi"}],"stream":true}'
+    req = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nX-Emulator-TTFT-Ms: 0\r\nX-Emulator-ITL-Ms: 0\r\n"
+        b"X-Emulator-Tokens: 5\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    for attempt in range(n + 50):
+        try:
+            with socket.create_connection(("127.0.0.1", port), 5) as s:
+                s.sendall(req)
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+            if b"[DONE]" in data:
+                n -= 1
+                if n <= 0:
+                    return
+                continue
+        except OSError:
+            pass
+        time.sleep(0.1)
+        if attempt > n + 40:
+            break
+    raise RuntimeError(f"warm-up through port {port} failed")
+
+
+@dataclass
+class Session:
+    """One fresh set of processes: the emulator, maybe a proxy; `port` is where clients go."""
+
+    target: str
+    workdir: Path
+    sink_port: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    upstream_port: int = 0
+    port: int = 0
+    proxy: subprocess.Popen[bytes] | None = None
+
+    def spawn(
+        self, name: str, argv: list[str], cores: set[int], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=pin(cores),
+            start_new_session=True,
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def pids(self) -> list[int]:
+        """The proxy's process tree (empty for `direct`)."""
+        return tree(self.proxy.pid) if self.proxy is not None else []
+
+    def start(self) -> None:
+        self.upstream_port = free_port()
+        emulator = self.spawn(
+            "emulator",
+            [PY, "-m", "sidecar.emulator", "--listen", f"127.0.0.1:{self.upstream_port}"],
+            LOAD_CORES,
+        )
+        wait_port(self.upstream_port, emulator)
+        if self.target == "direct":
+            self.port = self.upstream_port
+        else:
+            self.port = free_port()
+            start: Callable[[], subprocess.Popen[bytes]] = getattr(
+                self, "_start_" + self.target.replace("+", "_")
+            )
+            self.proxy = start()
+            wait_port(self.port, self.proxy)
+        warm_up(self.port)
+
+    def _start_sidestream(self, otel: bool = False) -> subprocess.Popen[bytes]:
+        if otel:
+            env = {
+                "OTEL_SDK_DISABLED": "false",
+                "OTEL_TRACES_SAMPLER": "always_on",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.sink_port}",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_BSP_SCHEDULE_DELAY": "500",
+                "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+            }
+        else:
+            env = {"OTEL_SDK_DISABLED": "true"}
+        argv = [PY, "-m", "sidecar", "--listen", f"127.0.0.1:{self.port}"]
+        argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
+        argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
+        return self.spawn(self.target, argv, PROXY_CORES, env)
+
+    def _start_sidestream_otel(self) -> subprocess.Popen[bytes]:
+        return self._start_sidestream(otel=True)
+
+    def _start_tutorial(self) -> subprocess.Popen[bytes]:
+        argv = [PY, "-m", "uvicorn", "bench.tutorial:app", "--host", "127.0.0.1"]
+        argv += ["--port", str(self.port), "--loop", "uvloop", "--http", "httptools"]
+        argv += ["--no-access-log", "--log-level", "warning", "--backlog", "4096"]
+        env = {"BENCH_UPSTREAM": f"http://127.0.0.1:{self.upstream_port}"}
+        return self.spawn("tutorial", argv, PROXY_CORES, env)
+
+    def _start_nginx(self) -> subprocess.Popen[bytes]:
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(nginx_conf(self.workdir, self.port, self.upstream_port))
+        argv = [nginx_binary() or "nginx", "-p", str(self.workdir), "-c", str(conf)]
+        return self.spawn("nginx", [*argv, "-e", "stderr", "-g", "daemon off;"], PROXY_CORES)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@contextlib.contextmanager
+def session(target: str, sink_port: int) -> Iterator[Session]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{target.replace('+', '-')}-"))
+    s = Session(target, workdir, sink_port)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+
+
+def nginx_conf(workdir: Path, port: int, upstream_port: int) -> str:
+    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (workdir / sub).mkdir(exist_ok=True)
+        os.chmod(workdir / sub, 0o777)
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return f"""
+worker_processes 1;
+worker_rlimit_nofile {nofile};
+pid {workdir}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 32768; }}
+http {{
+    access_log off;
+    client_body_temp_path {workdir}/client_body;
+    proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi;
+    uwsgi_temp_path {workdir}/uwsgi;
+    scgi_temp_path {workdir}/scgi;
+    upstream emulator {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 1024;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://emulator;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 3600s;
+        }}
+    }}
+}}
+"""

@@ -1,0 +1,139 @@
+"""The traffic listener's HTTP/1.1 protocol: uvicorn's httptools protocol with a head deadline.
+
+uvicorn reads a request head for as long as the client cares to trickle it, and lets the
+head grow without bound before the app sees it: one slowloris client per file descriptor
+holds the sidecar open forever. This subclass adds what nginx calls `client_header_timeout`
+and `large_client_header_buffers`:
+
+- a request head (request line and headers) must be complete within `header_timeout`
+  seconds of the connection opening, or of its first byte on a kept-alive connection
+  (between requests uvicorn's own `timeout_keep_alive` applies); past it: 408 and close
+  (a connection that sent nothing is just closed);
+- a head larger than `max_head_bytes` is answered 431 and closed; a head is held in memory
+  up to that cap plus one read;
+- `CONNECT` (authority-form target, which uvicorn cannot parse into a path) gets 405, like
+  `TRACE` does in the proxy, instead of uvicorn's 400.
+
+Deliberate: the timer is armed per connection and per request head, never per read; reads
+only add to a byte count. The answers are written straight to the transport: no ASGI
+request exists yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_REASONS = {
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+}
+
+
+def _answer(status: int, code: str, message: str, extra: bytes = b"") -> bytes:
+    error = {"message": message, "type": "invalid_request_error", "code": code}
+    body = json.dumps({"error": error}, separators=(",", ":")).encode()
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n%s\r\n%s" % (status, _REASONS[status], len(body), extra, body)
+    )
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a request-head deadline, a head size cap and CONNECT 405.
+
+    Configure by subclassing (see `protocol_class`): uvicorn builds one instance per
+    connection with its own keyword arguments.
+    """
+
+    header_timeout: float | None = 10.0
+    max_head_bytes: int = 32768 + 8192
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # between requests or inside a request head
+        self._head_bytes = 0
+        self._refused = False
+        self._began = False  # a request's first byte came and its head is not complete
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        was_in_head = self._in_head
+        super().data_received(data)
+        if was_in_head and self._in_head and not self._refused:  # all of `data` was head
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                message = f"request head over {self.max_head_bytes} bytes"
+                self._refuse(_answer(431, "request_header_fields_too_large", message))
+
+    def on_message_begin(self) -> None:
+        self._in_head = True  # a request's first byte: on a kept-alive connection, arm now
+        self._head_bytes = 0
+        self._began = True
+        if self._head_timer is None:
+            self._arm()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = self._began = False
+        self._disarm()
+        if self.parser.get_method() == b"CONNECT":
+            allow = b"allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n"
+            self._refuse(_answer(405, "method_not_allowed", "CONNECT is not proxied", allow))
+            return
+        super().on_headers_complete()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        if not self._refused:  # CONNECT already answered: nothing to warn about
+            super()._unsupported_upgrade_warning()
+
+    def _arm(self) -> None:
+        self._disarm()
+        if self.header_timeout is not None:
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            if self._began:
+                message = f"request head not complete within {self.header_timeout} s"
+                self._refuse(_answer(408, "request_timeout", message))
+            else:
+                self._refused = True
+                self.transport.close()
+
+    def _refuse(self, response: bytes) -> None:
+        self._refused = True
+        self._disarm()
+        self.transport.write(response)
+        self.transport.close()
+
+
+def protocol_class(
+    header_timeout: float | None, max_head_bytes: int
+) -> type[GuardedHttpToolsProtocol]:
+    """A `GuardedHttpToolsProtocol` with these limits, for `uvicorn.Config(http=...)`."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"header_timeout": header_timeout, "max_head_bytes": max_head_bytes},
+    )
