@@ -30,11 +30,12 @@ from middleware.framing import (
     stream_headers,
     terminal_event,
 )
-from middleware.sse import LineState, SSEScanner, advance
+from middleware.sse import Event, LineState, SSEScanner, advance
 from middleware.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from middleware.guard import StreamGuard
+    from middleware.telemetry_stream import StreamRecord
 
 logger = logging.getLogger("sidestream")
 
@@ -83,6 +84,14 @@ class Cycle:
         self.chunks = self.bytes = self.keepalives = 0
         self.outcome = Outcome.COMPLETED
         self.cancelled_task = False
+        # For telemetry; stamped once per request, read at its end.
+        self.status = 0
+        self.error: StreamError | None = None
+        self.aborted_at: float | None = None  # a stop was decided (disconnect, timeout, drain)
+        self.stopped_at: float | None = None  # the app has stopped
+        self.completed_at: float | None = None  # the app handed over its final body message
+        telemetry = guard.telemetry
+        self.record: StreamRecord | None = None if telemetry is None else telemetry.record(self)
 
     # -- the request ------------------------------------------------------------------------
 
@@ -110,6 +119,7 @@ class Cycle:
                 task.uncancel()  # the app swallowed our cancellation and returned
         finally:
             self.running = False
+            self.stopped_at = self.loop.time()
             self._stop_helpers()
             guard.registry.discard(self)
         reason = self.reason
@@ -119,6 +129,7 @@ class Cycle:
             self.outcome = reason
         if error is not None:
             self.outcome = error.outcome
+            self.error = error
             await self._fail(error)
 
     def shut_down(self) -> None:
@@ -128,6 +139,7 @@ class Cycle:
     def _abort(self, reason: StreamError | Outcome) -> None:
         if self.reason is None and self.running and not self.complete:
             self.reason = reason
+            self.aborted_at = self.loop.time()
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
             self.loop.call_soon(self._cancel_app)
 
@@ -147,6 +159,7 @@ class Cycle:
 
     async def _fail(self, error: StreamError) -> None:
         if not self.headers_sent:
+            self.status = error.status
             retry_after = 1 if error.retryable else None
             start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
             await self.downstream(start)
@@ -237,7 +250,7 @@ class Cycle:
         headers = message.get("headers", ())
         kind, encoding = media_type(headers)
         self.headers_sent = True
-        status = message["status"]
+        self.status = status = message["status"]
         if (
             kind not in self.guard.content_types
             or (encoding and encoding not in DECODABLE)
@@ -256,6 +269,8 @@ class Cycle:
         if self.sse:
             self.scanner = SSEScanner()
             self.dialect = select(self.scope.get("path", ""))
+            if self.record is not None:
+                self.stats = StreamStats()  # observe every event, not only up to the first token
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.
@@ -288,7 +303,9 @@ class Cycle:
                     # A BOM is only a BOM at the start of the stream; a keep-alive went first.
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
-            if self.scanner is not None:
+            if self.stats is not None:
+                self._observe(body, now, self.stats)
+            elif self.scanner is not None:
                 self._scan(body, now)
             elif self.first_token_at is None:
                 self.first_token_at = now
@@ -297,6 +314,7 @@ class Cycle:
             self.bytes += len(body)
         if not more:
             self.complete = True
+            self.completed_at = now
         if self.keepalive is not None:
             await asyncio.wait((self.keepalive,))
         self.sending_since = self.last_write = now
@@ -308,18 +326,49 @@ class Cycle:
     def _scan(self, body: bytes, now: float) -> None:
         assert self.scanner is not None
         events = self.scanner.feed(body)
-        if not events:
-            return
-        dialect, stats = self.dialect, self.stats
+        dialect = self.dialect
         for event in events:
             if dialect is None:
                 dialect = self.dialect = sniff(event)
-            if self.first_token_at is None and dialect.is_token(event):
+            if dialect.is_token(event):
                 self.first_token_at = now
-            if stats is not None:
-                dialect.observe(event, stats)
-        if self.first_token_at is not None and stats is None:
-            self.scanner = None  # nothing more to learn per chunk
+                self.scanner = None  # nothing more to learn per chunk
+                return
+
+    def _observe(self, body: bytes, now: float, stats: StreamStats) -> None:
+        """Telemetry on: every event goes through the dialect, the record hears of tokens.
+
+        A chunk that is exactly one `data: ...` event and starts at an event boundary (the
+        usual LLM chunk) skips the scanner: at a boundary the scanner holds nothing, and it
+        holds nothing after such a chunk either, so skipping it is exact and saves most of
+        the per-token cost of telemetry.
+        """
+        dialect = self.dialect
+        if (
+            dialect is not None
+            and self.line_state is LineState.EVENT
+            and body.startswith(b"data: ")
+            and body.endswith(b"\n\n")
+            and body.find(b"\n") == len(body) - 2
+            and b"\r" not in body
+        ):
+            events = [Event("message", body[6:-2].decode("utf-8", "replace"), None, None)]
+        else:
+            assert self.scanner is not None
+            events = self.scanner.feed(body)
+        tokens = stats.tokens
+        for event in events:
+            if dialect is None:
+                dialect = self.dialect = sniff(event)
+            dialect.observe(event, stats)
+        if stats.tokens != tokens:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            record = self.record
+            assert record is not None and dialect is not None
+            record.gaps.add(now)
+            if record.text is not None:
+                record.capture(events, dialect)
 
     # -- the one timer ---------------------------------------------------------------------------
 

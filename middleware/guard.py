@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from middleware.cycle import Cycle
 from middleware.errors import ShuttingDown, StreamError, TooManyStreams
 from middleware.framing import error_response
 from middleware.registry import StreamRegistry
 from middleware.types import ASGIApp, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from middleware.telemetry import Telemetry
 
 logger = logging.getLogger("sidestream")
 
@@ -54,6 +58,7 @@ class StreamGuard:
         content_types: Sequence[str] = (SSE, NDJSON),
         max_streams: int | None = None,
         registry: StreamRegistry | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         for name, value in (
             ("keepalive_interval", keepalive_interval),
@@ -77,6 +82,9 @@ class StreamGuard:
         self.content_types = frozenset(t.lower().encode() for t in content_types)
         self.max_streams = max_streams
         self.registry = registry if registry is not None else StreamRegistry()
+        self.telemetry = telemetry  # None: off, nothing per chunk (middleware.telemetry)
+        if telemetry is not None:
+            telemetry.watch(self.registry)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,7 +97,11 @@ class StreamGuard:
         if self.max_streams is not None and len(registry) >= self.max_streams:
             await _reject(send, TooManyStreams(), retry_after=1)
             return
-        await Cycle(self, scope, receive, send).run()
+        cycle = Cycle(self, scope, receive, send)
+        if cycle.record is None:
+            await cycle.run()
+        else:
+            await cycle.record.observe(cycle)
 
 
 async def _reject(send: Send, error: StreamError, *, retry_after: int) -> None:

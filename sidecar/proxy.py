@@ -24,6 +24,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 import httpcore
+from opentelemetry import propagate, trace
 
 from middleware.errors import StreamError, UpstreamConnectError, UpstreamProtocolError
 from middleware.types import Message, Receive, Scope, Send
@@ -201,6 +202,7 @@ class ProxyApp:
             client=client[0] if client else None,
             scheme=scope.get("scheme", "http"),
         )
+        inject_trace_context(upstream_headers)
         body = await self._body(client_headers, declared, receive, upstream_headers)
         try:
             await self._relay(method.encode("ascii"), _target(scope), upstream_headers, body, send)
@@ -249,6 +251,22 @@ class ProxyApp:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def inject_trace_context(headers: rules.Headers) -> None:
+    """Send the current span's context upstream (W3C `traceparent`, replacing the client's).
+
+    StreamGuard with telemetry makes the request's span current around the app, so the
+    inference server's spans become children of the sidecar's span, not siblings. With no
+    current span (telemetry off) the client's own trace headers pass through unchanged.
+    """
+    if not trace.get_current_span().get_span_context().is_valid:
+        return
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    drop = {name.encode("latin-1") for name in carrier} | {b"traceparent", b"tracestate"}
+    headers[:] = [(name, value) for name, value in headers if name not in drop]
+    headers.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items())
 
 
 def _target(scope: Scope) -> bytes:

@@ -1,0 +1,82 @@
+"""Every span, attribute, event and metric name sidestream emits, in one place.
+
+GenAI names follow the OpenTelemetry GenAI semantic conventions (v1.41, as shipped in
+`opentelemetry-semantic-conventions` 0.66); HTTP, URL, client and server names follow the
+stable HTTP conventions. sidestream's own names share the `sidestream.` prefix. A rename is a
+change to this module only; tests/test_telemetry_semconv.py checks the standard names against
+the `opentelemetry-semantic-conventions` package.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- GenAI (development status upstream) -----------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"  # only with capture_content=True
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+
+# -- HTTP, URL, client, server, error (stable) -----------------------------------------------
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+URL_PATH: Final = "url.path"
+URL_SCHEME: Final = "url.scheme"
+CLIENT_ADDRESS: Final = "client.address"
+USER_AGENT_ORIGINAL: Final = "user_agent.original"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+
+# -- sidestream's own span attributes --------------------------------------------------------
+OUTCOME: Final = "sidestream.outcome"
+DIALECT: Final = "sidestream.dialect"
+CHUNKS: Final = "sidestream.chunks"
+BYTES: Final = "sidestream.bytes"
+TOKENS: Final = "sidestream.tokens"  # content-carrying events counted by the dialect
+KEEPALIVES: Final = "sidestream.keepalives"
+GAP_P50: Final = "sidestream.inter_token_gap.p50"  # seconds
+GAP_P99: Final = "sidestream.inter_token_gap.p99"
+GAP_MAX: Final = "sidestream.inter_token_gap.max"
+TOKENS_PER_SECOND: Final = "sidestream.tokens_per_second"  # after the first token
+CANCEL_LATENCY: Final = "sidestream.cancel_latency"  # seconds, stop decided -> app stopped
+
+# -- span events (one each at most; never one per chunk) --------------------------------------
+EVENT_FIRST_CHUNK: Final = "sidestream.first_chunk"
+EVENT_UPSTREAM_DONE: Final = "sidestream.upstream_done"
+EVENT_CLIENT_DISCONNECT: Final = "sidestream.client_disconnect"
+# exceptions use the standard "exception" event (Span.record_exception)
+
+# -- metrics ------------------------------------------------------------------------------------
+METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
+METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+METRIC_STREAMS: Final = "sidestream.streams"  # counter by sidestream.outcome
+METRIC_ACTIVE_STREAMS: Final = "sidestream.active_streams"
+METRIC_KEEPALIVES: Final = "sidestream.keepalives"
+METRIC_CANCELLATIONS: Final = "sidestream.cancellations"  # counter by sidestream.outcome
+
+# The conventions' ExplicitBucketBoundaries. The three time metrics share one list: 10 ms
+# doubling to 81.92 s (the inter-chunk histogram relies on that, see telemetry_gaps).
+DURATION_BUCKETS: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TOKEN_BUCKETS: Final = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+
+# The access log: one JSON line per stream.
+ACCESS_LOGGER: Final = "sidestream.access"
+INSTRUMENTATION_SCOPE: Final = "sidestream"

@@ -1,0 +1,315 @@
+"""Telemetry for StreamGuard: one span per stream, GenAI metrics, Prometheus text, an access log.
+
+`Telemetry` is built once per process (tracer, meter, instruments, logger) and handed to
+`StreamGuard(..., telemetry=...)`; `None` there means off and costs nothing per chunk. Per
+request the guard's cycle gets a `telemetry_stream.StreamRecord`. Names live in
+`middleware.semconv`.
+
+Deliberate choices (do not "fix" these):
+
+- `from_env` exports over OTLP/HTTP only where an OTLP endpoint is configured
+  (`OTEL_EXPORTER_OTLP_ENDPOINT` or the per-signal `..._TRACES_ENDPOINT` /
+  `..._METRICS_ENDPOINT`), or `OTEL_{TRACES,METRICS}_EXPORTER=otlp` says so explicitly; the
+  SDK's own default (localhost:4318) would log a connection error every few seconds on every
+  install without a collector. With no trace exporter no spans are made at all; metrics and
+  the access log still work (Prometheus text is always there).
+- `time_per_output_chunk` is not an SDK instrument (see `telemetry_gaps`): it is added to
+  every collection and export by `_WithChunks` and `metrics()`.
+- Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
+  GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
+  probes and model listings do not count as streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from opentelemetry import propagate
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, Tracer
+
+from middleware import semconv
+from middleware.registry import StreamRegistry
+from middleware.telemetry_gaps import ChunkHistogram
+from middleware.telemetry_prometheus import CONTENT_TYPE, exposition
+from middleware.telemetry_stream import StreamRecord
+
+if TYPE_CHECKING:
+    from middleware.cycle import Cycle
+
+__all__ = [
+    "CONTENT_TYPE",
+    "SpanKind",
+    "StreamRecord",
+    "Telemetry",
+    "configure_access_log",
+    "prometheus_text",
+]
+
+logger = logging.getLogger("sidestream")
+
+
+class Telemetry:
+    """Process-wide telemetry: providers, instruments, the access logger, the chunk histogram.
+
+    Pass `tracer_provider=None` for no spans. `metric_readers` are extra plain readers
+    (tests); `metric_exporters` are exported periodically with the chunk histogram added.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        metric_readers: Sequence[MetricReader] = (),
+        metric_exporters: Sequence[MetricExporter] = (),
+        resource: Resource | None = None,
+        span_kind: SpanKind = SpanKind.SERVER,
+        server_address: str | None = None,
+        server_port: int | None = None,
+        provider_name: str | None = None,
+        capture_content: bool = False,
+        capture_limit: int = 4096,
+        propagator: TextMapPropagator | None = None,
+    ) -> None:
+        self.span_kind = span_kind
+        self.server_address = server_address
+        self.server_port = server_port
+        self.provider_name = provider_name
+        self.capture_content = capture_content
+        self.capture_limit = capture_limit
+        self.propagator = propagator if propagator is not None else propagate.get_global_textmap()
+        self.propagation_fields = frozenset(f.encode() for f in self.propagator.fields)
+        self.tracer_provider = tracer_provider
+        self.tracer: Tracer | None = (
+            None
+            if tracer_provider is None
+            else tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE)
+        )
+        self.chunks = ChunkHistogram(time.time_ns())
+        self._reader = InMemoryMetricReader()  # Prometheus text
+        readers: list[MetricReader] = [self._reader, *metric_readers]
+        readers += [PeriodicExportingMetricReader(_WithChunks(e, self)) for e in metric_exporters]
+        self.meter_provider = MeterProvider(
+            metric_readers=readers, resource=resource or Resource.create()
+        )
+        meter = self.meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE)
+        self.duration = meter.create_histogram(
+            semconv.METRIC_OPERATION_DURATION,
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        )
+        self.ttfc = meter.create_histogram(
+            semconv.METRIC_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time to receive the first chunk, from request arrival.",
+            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
+        )
+        self.token_usage = meter.create_histogram(
+            semconv.METRIC_TOKEN_USAGE,
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=semconv.TOKEN_BUCKETS,
+        )
+        self.streams = meter.create_counter(
+            semconv.METRIC_STREAMS, unit="{stream}", description="Streams ended, by outcome."
+        )
+        self.keepalives = meter.create_counter(
+            semconv.METRIC_KEEPALIVES,
+            unit="{keepalive}",
+            description="SSE keep-alive comments injected.",
+        )
+        self.cancellations = meter.create_counter(
+            semconv.METRIC_CANCELLATIONS,
+            unit="{stream}",
+            description="Streams whose producer the guard cancelled, by outcome.",
+        )
+        self._registries: list[StreamRegistry] = []
+        meter.create_observable_gauge(
+            semconv.METRIC_ACTIVE_STREAMS,
+            callbacks=[self._observe_active],
+            unit="{stream}",
+            description="Requests in flight through the guard.",
+        )
+        self.access_log = logging.getLogger(semconv.ACCESS_LOGGER)
+
+    @classmethod
+    def from_env(
+        cls,
+        span_kind: SpanKind = SpanKind.SERVER,
+        *,
+        environ: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> Telemetry | None:
+        """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
+
+        `options` go to the constructor (server_address, server_port, provider_name,
+        capture_content, capture_limit). Exporters: OTLP/HTTP protobuf, batched spans,
+        periodic metrics; the SDK reads endpoint, headers, timeout, sampler and resource
+        variables itself.
+        """
+        env = os.environ if environ is None else environ
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            return None
+        protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        if protocol != "http/protobuf":
+            logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: only http/protobuf is used", protocol)
+        attributes = {} if "OTEL_SERVICE_NAME" in env else {"service.name": "sidestream"}
+        resource = Resource.create(attributes)
+        tracer_provider = None
+        if _wanted(env, "TRACES"):
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            tracer_provider = TracerProvider(resource=resource)
+            tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        exporters: list[MetricExporter] = []
+        if _wanted(env, "METRICS"):
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+            exporters.append(OTLPMetricExporter())
+        return cls(
+            tracer_provider=tracer_provider,
+            metric_exporters=exporters,
+            resource=resource,
+            span_kind=span_kind,
+            **options,
+        )
+
+    # -- per request ----------------------------------------------------------------------------
+
+    def record(self, cycle: Cycle) -> StreamRecord:
+        """The per-request record; called by Cycle.__init__."""
+        return StreamRecord(self, cycle)
+
+    def watch(self, registry: StreamRegistry) -> None:
+        """Report `registry`'s in-flight requests as the active-streams gauge."""
+        if registry not in self._registries:
+            self._registries.append(registry)
+
+    def _observe_active(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(sum(len(r) for r in self._registries))
+
+    # -- export -------------------------------------------------------------------------------
+
+    def metrics(self) -> list[Metric]:
+        """Every metric as collected now (cumulative), the chunk histogram included."""
+        data = self._reader.get_metrics_data()
+        found = [
+            m
+            for rm in (data.resource_metrics if data else ())
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        ]
+        chunk = self.chunks.metric(time.time_ns())
+        return found if chunk is None else [*found, chunk]
+
+    def prometheus_text(self, registry: StreamRegistry | None = None) -> bytes:
+        return prometheus_text(registry, self)
+
+    def force_flush(self, timeout_millis: int = 10_000) -> None:
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush(timeout_millis)
+        self.meter_provider.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporters (blocking: call it off the event loop or at exit)."""
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+
+def prometheus_text(registry: StreamRegistry | None, telemetry: Telemetry | None) -> bytes:
+    """Prometheus text for the admin /metrics; `sidestream_active_streams` even when off."""
+    active = len(registry) if registry is not None else 0
+    if telemetry is not None and registry is None:
+        active = sum(len(r) for r in telemetry._registries)
+    lines = [
+        "# HELP sidestream_active_streams Requests in flight through the guard.",
+        "# TYPE sidestream_active_streams gauge",
+        f"sidestream_active_streams {active}",
+    ]
+    if telemetry is not None:
+        skip = frozenset({semconv.METRIC_ACTIVE_STREAMS})
+        lines += exposition(telemetry.metrics(), skip=skip)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
+    """Send the access log (one JSON object per line, nothing around it) to `stream`."""
+    log = logging.getLogger(semconv.ACCESS_LOGGER)
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+def _wanted(env: Mapping[str, str], signal: str) -> bool:
+    exporter = env.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
+    if exporter:
+        return "otlp" in exporter.split(",")
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    )
+
+
+class _WithChunks(MetricExporter):
+    """A metric exporter that adds the chunk histogram to every export."""
+
+    def __init__(self, inner: MetricExporter, telemetry: Telemetry) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._telemetry = telemetry
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        chunk = self._telemetry.chunks.metric(time.time_ns())
+        if chunk is not None:
+            metrics_data = MetricsData(resource_metrics=list(_with(metrics_data, chunk)))
+        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _with(data: MetricsData, chunk: Metric) -> Iterator[ResourceMetrics]:
+    """`data` with `chunk` in sidestream's scope (added when this export has none)."""
+    for i, rm in enumerate(data.resource_metrics):
+        scopes = list(rm.scope_metrics)
+        mine = [j for j, sm in enumerate(scopes) if sm.scope.name == semconv.INSTRUMENTATION_SCOPE]
+        if mine:
+            sm = scopes[mine[0]]
+            scopes[mine[0]] = ScopeMetrics(sm.scope, [*sm.metrics, chunk], sm.schema_url)
+        elif i == 0:
+            scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE)
+            scopes.append(ScopeMetrics(scope, [chunk], ""))
+        yield ResourceMetrics(rm.resource, scopes, rm.schema_url)

@@ -1,0 +1,215 @@
+"""The end of one request's telemetry: span attributes and events, metrics, the access log.
+
+Runs once per request, after the cycle has run (terminal event written, app stopped). Usage
+and partial counts are recorded whatever the outcome: a cancelled stream reports the
+tokens it relayed. `gen_ai.usage.output_tokens` is the upstream's usage when the stream
+carried it, else the content-carrying events counted (`sidestream.tokens`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import Status, StatusCode
+
+from middleware import semconv
+from middleware.errors import Outcome
+from middleware.telemetry_content import output_messages
+
+if TYPE_CHECKING:
+    from middleware.cycle import Cycle
+    from middleware.telemetry_stream import StreamRecord
+
+FAILURES = frozenset(
+    {
+        Outcome.IDLE_TIMEOUT,
+        Outcome.FIRST_TOKEN_TIMEOUT,
+        Outcome.MAX_DURATION,
+        Outcome.UPSTREAM_ERROR,
+        Outcome.SHUTDOWN,
+    }
+)
+PROVIDERS = {
+    "openai.chat": "openai",
+    "openai.completions": "openai",
+    "openai.responses": "openai",
+    "anthropic": "anthropic",
+    "tgi": "huggingface.tgi",
+}
+_CANCELLED = frozenset(FAILURES | {Outcome.CLIENT_DISCONNECTED, Outcome.SLOW_CLIENT})
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) -> None:
+    telemetry = record.telemetry
+    end = cycle.loop.time()
+    outcome = cycle.outcome
+    if isinstance(failure, asyncio.CancelledError):
+        failure = None  # the server cancelled the request task: not the app's failure
+    elif failure is not None and outcome is Outcome.COMPLETED:
+        outcome = Outcome.UPSTREAM_ERROR
+    status = cycle.status or (500 if failure is not None else 0)
+    error_type: str | None = None
+    if outcome in FAILURES:
+        error_type = outcome.value
+    elif failure is not None:
+        error_type = type(failure).__qualname__
+    elif status >= 500:
+        error_type = str(status)
+
+    stats = cycle.stats
+    gaps = record.gaps
+    streaming = cycle.streaming
+    dialect = cycle.dialect or record.genai
+    genai = record.genai is not None or streaming
+    duration = end - record.t0
+    ttft = None if cycle.first_token_at is None else cycle.first_token_at - record.t0
+    cancel_latency = None
+    if cycle.aborted_at is not None and cycle.stopped_at is not None:
+        cancel_latency = max(0.0, cycle.stopped_at - cycle.aborted_at)
+    p50, p99 = gaps.quantile(0.5), gaps.quantile(0.99)
+    tokens_per_second = gaps.tokens_per_second()
+    request = record.request
+    model = request.get(semconv.GEN_AI_REQUEST_MODEL)
+    input_tokens = stats.input_tokens if stats is not None else None
+    output_tokens = None
+    if stats is not None:
+        output_tokens = stats.output_tokens if stats.output_tokens is not None else stats.tokens
+
+    attrs: dict[str, Any] = {semconv.OUTCOME: outcome.value}
+    if status:
+        attrs[semconv.HTTP_RESPONSE_STATUS_CODE] = status
+    if error_type is not None:
+        attrs[semconv.ERROR_TYPE] = error_type
+    metric_attrs: dict[str, str | int] = {}
+    if genai:
+        operation = dialect.operation if dialect is not None else "chat"
+        provider = telemetry.provider_name or PROVIDERS.get(
+            dialect.name if dialect else "", "unknown"
+        )
+        metric_attrs[semconv.GEN_AI_OPERATION_NAME] = operation
+        metric_attrs[semconv.GEN_AI_PROVIDER_NAME] = provider
+        if model is not None:
+            metric_attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+        metric_attrs.update(record.server)
+        attrs.update(metric_attrs)
+        attrs.update(request)
+        if streaming and semconv.GEN_AI_REQUEST_STREAM not in request:
+            attrs[semconv.GEN_AI_REQUEST_STREAM] = True
+    if streaming:
+        attrs[semconv.CHUNKS] = cycle.chunks
+        attrs[semconv.BYTES] = cycle.bytes
+        attrs[semconv.KEEPALIVES] = cycle.keepalives
+        if dialect is not None:
+            attrs[semconv.DIALECT] = dialect.name
+    if stats is not None:
+        attrs[semconv.TOKENS] = stats.tokens
+        if stats.response_id is not None:
+            attrs[semconv.GEN_AI_RESPONSE_ID] = stats.response_id
+        if stats.response_model is not None:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = stats.response_model
+        reasons = stats.finish_reasons if outcome is Outcome.COMPLETED else ["error"]
+        if reasons:
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+        if input_tokens is not None:
+            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
+        if output_tokens is not None:
+            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = output_tokens
+    if ttft is not None:
+        attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = ttft
+    for name, value in (
+        (semconv.GAP_P50, p50),
+        (semconv.GAP_P99, p99),
+        (semconv.GAP_MAX, gaps.max if gaps.count else None),
+        (semconv.TOKENS_PER_SECOND, tokens_per_second),
+        (semconv.CANCEL_LATENCY, cancel_latency),
+    ):
+        if value is not None:
+            attrs[name] = value
+    if record.text is not None and stats is not None:
+        reason = stats.finish_reasons[-1] if stats.finish_reasons else None
+        attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = output_messages(
+            "".join(record.text), reason if outcome is Outcome.COMPLETED else None
+        )
+
+    span = record.span
+    if span is not None:
+        if genai:
+            operation = str(metric_attrs[semconv.GEN_AI_OPERATION_NAME])
+            span.update_name(f"{operation} {model}" if model else operation)
+        span.set_attributes(attrs)
+        if cycle.first_token_at is not None:
+            span.add_event(semconv.EVENT_FIRST_CHUNK, timestamp=record.ns(cycle.first_token_at))
+        if streaming and cycle.completed_at is not None:
+            span.add_event(semconv.EVENT_UPSTREAM_DONE, timestamp=record.ns(cycle.completed_at))
+        if outcome is Outcome.CLIENT_DISCONNECTED and cycle.aborted_at is not None:
+            span.add_event(semconv.EVENT_CLIENT_DISCONNECT, timestamp=record.ns(cycle.aborted_at))
+        error = cycle.error if cycle.error is not None else failure
+        if error is not None:
+            at = cycle.aborted_at if cycle.aborted_at is not None else end
+            span.record_exception(error, timestamp=record.ns(at), escaped=failure is not None)
+        if error_type is not None:
+            span.set_status(Status(StatusCode.ERROR, error_type))
+        span.end(end_time=record.ns(end))
+
+    if not genai:
+        return
+    if error_type is not None:
+        telemetry.duration.record(duration, {**metric_attrs, semconv.ERROR_TYPE: error_type})
+    else:
+        telemetry.duration.record(duration, metric_attrs)
+    if streaming and ttft is not None:
+        telemetry.ttfc.record(ttft, metric_attrs)
+    telemetry.chunks.fold(gaps, metric_attrs)
+    if input_tokens is not None:
+        usage = {**metric_attrs, semconv.GEN_AI_TOKEN_TYPE: "input"}
+        telemetry.token_usage.record(input_tokens, usage)
+    if output_tokens is not None:
+        usage = {**metric_attrs, semconv.GEN_AI_TOKEN_TYPE: "output"}
+        telemetry.token_usage.record(output_tokens, usage)
+    by_outcome = {semconv.OUTCOME: outcome.value}
+    telemetry.streams.add(1, by_outcome)
+    if cycle.keepalives:
+        telemetry.keepalives.add(cycle.keepalives)
+    if cycle.aborted_at is not None and outcome in _CANCELLED:
+        telemetry.cancellations.add(1, by_outcome)
+
+    log = telemetry.access_log
+    if not log.isEnabledFor(logging.INFO):
+        return
+    context = span.get_span_context() if span is not None else None
+    line = {
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "level": "info",
+        "logger": semconv.ACCESS_LOGGER,
+        "request_id": record.request_id,
+        "trace_id": format(context.trace_id, "032x") if context and context.is_valid else None,
+        "span_id": format(context.span_id, "016x") if context and context.is_valid else None,
+        "method": record.method,
+        "path": record.path,
+        "model": model,
+        "outcome": outcome.value,
+        "status": status or None,
+        "stream": streaming,
+        "ttft_ms": _ms(ttft),
+        "itl_p50_ms": _ms(p50),
+        "itl_p99_ms": _ms(p99),
+        "itl_max_ms": _ms(gaps.max) if gaps.count else None,
+        "tokens": stats.tokens if stats is not None else None,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "tokens_per_s": None if tokens_per_second is None else round(tokens_per_second, 2),
+        "duration_ms": _ms(duration),
+        "bytes": cycle.bytes,
+        "chunks": cycle.chunks,
+        "keepalives": cycle.keepalives,
+        "cancel_latency_ms": _ms(cancel_latency),
+    }
+    log.info(json.dumps(line, separators=(",", ":")))

@@ -1,0 +1,171 @@
+"""Inter-token gaps: a per-stream log-bucket histogram and the process-wide chunk histogram.
+
+`Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: a sparse
+dict of log buckets, 8 per octave (each at most 12.5% wide), keyed with `math.frexp` — no
+log, no list per token. Percentiles are read from it once, at the stream's end.
+
+`ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
+record once per chunk. An SDK `Histogram.record` costs ~10 µs — more than the whole relay of
+a token — so the gaps are folded into it once per stream instead. That is exact, not an
+approximation: octaves are counted in units of 10 ms, and the conventions' boundaries are
+10 ms doubling, so every log bucket lies inside exactly one of their buckets.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+)
+
+from middleware import semconv
+
+SUB = 8  # log buckets per octave
+_ZERO = -(2**31)  # key for gaps of exactly 0 (two chunks read at the same clock reading)
+_SPEC_BUCKETS = len(semconv.DURATION_BUCKETS) + 1
+
+
+class Gaps:
+    """Time between consecutive content-carrying chunks of one stream, in seconds."""
+
+    __slots__ = ("buckets", "count", "first", "last", "max", "total")
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, int] = {}
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def add(self, now: float) -> None:
+        """A content-carrying chunk arrived at `now` (loop clock)."""
+        last = self.last
+        self.last = now
+        if last is None:
+            self.first = now
+            return
+        gap = now - last
+        self.count += 1
+        self.total += gap
+        if gap > self.max:
+            self.max = gap
+        if gap > 0.0:
+            mantissa, exponent = math.frexp(gap * 100.0)  # octaves of 10 ms
+            key = exponent * SUB + int(mantissa * 2 * SUB)
+        else:
+            key = _ZERO
+        buckets = self.buckets
+        buckets[key] = buckets.get(key, 0) + 1
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""
+        if not self.count:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for key in sorted(self.buckets):
+            seen += self.buckets[key]
+            if seen >= rank:
+                return min(_midpoint(key), self.max)
+        return self.max  # not reached: the counts add up to self.count
+
+    def tokens_per_second(self) -> float | None:
+        """Content chunks per second after the first one (None with fewer than two)."""
+        if self.first is None or self.last is None or self.last <= self.first:
+            return None
+        return self.count / (self.last - self.first)
+
+
+def _midpoint(key: int) -> float:
+    if key == _ZERO:
+        return 0.0
+    exponent, sub = divmod(key, SUB)
+    exponent -= 1
+    return math.ldexp(1.0 + (sub + 0.5) / SUB, exponent - 1) / 100.0
+
+
+def _spec_index(key: int) -> int:
+    """The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding a log bucket."""
+    if key == _ZERO:
+        return 0
+    return min(max(key // SUB - 1, 0), _SPEC_BUCKETS - 1)
+
+
+class _Series:
+    __slots__ = ("count", "counts", "max", "min", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * _SPEC_BUCKETS
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = 0.0
+
+
+class ChunkHistogram:
+    """Cumulative time-per-output-chunk histogram, one series per attribute set.
+
+    Written from the event loop once per stream, read by the metric reader's thread.
+    """
+
+    def __init__(self, start_time_ns: int) -> None:
+        self._start = start_time_ns
+        self._series: dict[tuple[tuple[str, str | int], ...], _Series] = {}
+        self._lock = threading.Lock()
+
+    def fold(self, gaps: Gaps, attributes: dict[str, str | int]) -> None:
+        if not gaps.count:
+            return
+        key = tuple(sorted(attributes.items()))
+        low = min(gaps.buckets)
+        with self._lock:
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = _Series()
+            for bucket, n in gaps.buckets.items():
+                series.counts[_spec_index(bucket)] += n
+            series.count += gaps.count
+            series.total += gaps.total
+            series.max = max(series.max, gaps.max)
+            # min is the lower edge of the lowest bucket: within 12.5% below the true one.
+            series.min = min(series.min, 0.0 if low == _ZERO else _lower_bound(low))
+
+    def metric(self, now_ns: int) -> Metric | None:
+        """The histogram as an SDK `Metric` (for OTLP and Prometheus), None while empty."""
+        with self._lock:
+            points = [
+                HistogramDataPoint(
+                    attributes=dict(key),
+                    start_time_unix_nano=self._start,
+                    time_unix_nano=now_ns,
+                    count=s.count,
+                    sum=s.total,
+                    bucket_counts=list(s.counts),
+                    explicit_bounds=list(semconv.DURATION_BUCKETS),
+                    min=s.min,
+                    max=s.max,
+                )
+                for key, s in self._series.items()
+            ]
+        if not points:
+            return None
+        return Metric(
+            name=semconv.METRIC_TIME_PER_OUTPUT_CHUNK,
+            description="Time per output chunk after the first one, chunk end to chunk end.",
+            unit="s",
+            data=Histogram(
+                data_points=points,
+                aggregation_temporality=AggregationTemporality.CUMULATIVE,
+            ),
+        )
+
+
+def _lower_bound(key: int) -> float:
+    exponent, sub = divmod(key, SUB)
+    return math.ldexp(1.0 + sub / SUB, exponent - 2) / 100.0

@@ -1,0 +1,166 @@
+"""One request's telemetry: its span, its share of the metrics, its access-log line.
+
+A `StreamRecord` is made in `Cycle.__init__` (so the span starts at request arrival, with an
+explicit timestamp) and finished by `observe` after the cycle has run. Between the two, the
+cycle calls `gaps.add()` (and `capture()` when content capture is on) once per
+content-carrying chunk; nothing else of telemetry runs per chunk. All times
+are read from the loop clock the cycle already keeps and turned into wall-clock nanoseconds
+against the pair (time_ns, loop time) taken at arrival, so span durations and the TTFT
+attribute agree with the cycle's own deadlines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from middleware import semconv
+from middleware.dialects import Dialect, select
+from middleware.sse import Event
+from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
+from middleware.telemetry_finish import finish
+from middleware.telemetry_gaps import Gaps
+from middleware.types import Message, Receive, Scope
+
+if TYPE_CHECKING:
+    from middleware.cycle import Cycle
+    from middleware.telemetry import Telemetry
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes, limit: int = 256) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value[:limit].decode("latin-1")
+    return None
+
+
+class StreamRecord:
+    """Telemetry state of one request; see the module docstring."""
+
+    def __init__(self, telemetry: Telemetry, cycle: Cycle) -> None:
+        self.telemetry = telemetry
+        self.t0_ns = time.time_ns()
+        self.t0 = cycle.started
+        scope = cycle.scope
+        headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+        self.method: str = scope.get("method", "GET")
+        self.path: str = scope.get("path", "")
+        self.genai: Dialect | None = select(self.path)
+        self.request_id = _header(headers, b"x-request-id", 128) or uuid.uuid4().hex
+        self.request: dict[str, Any] = {}
+        self._body = bytearray()
+        self._body_done = False
+        self._truncated = False
+        self.gaps = Gaps()
+        self.text: list[str] | None = [] if telemetry.capture_content else None
+        self.text_len = 0
+        self.server = self._server(scope)
+        self.span: Span | None = None
+        tracer = telemetry.tracer
+        if tracer is not None:
+            fields = telemetry.propagation_fields
+            carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in fields}
+            parent = telemetry.propagator.extract(carrier) if carrier else None
+            self.span = tracer.start_span(
+                self.genai.operation if self.genai is not None else self.method,
+                context=parent,
+                kind=telemetry.span_kind,
+                start_time=self.t0_ns,
+                attributes=self._http_attributes(scope, headers),
+            )
+        if self.genai is not None:
+            cycle.client_receive = self._tap(cycle.client_receive)
+
+    def _http_attributes(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]]
+    ) -> dict[str, str | int]:
+        attrs: dict[str, str | int] = {
+            semconv.HTTP_REQUEST_METHOD: self.method,
+            semconv.URL_PATH: self.path,  # never the query: it may carry keys
+            semconv.URL_SCHEME: scope.get("scheme", "http"),
+        }
+        client = scope.get("client")
+        if client:
+            attrs[semconv.CLIENT_ADDRESS] = client[0]
+        agent = _header(headers, b"user-agent")
+        if agent is not None:
+            attrs[semconv.USER_AGENT_ORIGINAL] = agent
+        attrs.update(self.server)
+        if self.genai is not None:
+            attrs[semconv.GEN_AI_OPERATION_NAME] = self.genai.operation
+        return attrs
+
+    def _server(self, scope: Scope) -> dict[str, str | int]:
+        telemetry = self.telemetry
+        if telemetry.server_address is not None:
+            attrs: dict[str, str | int] = {semconv.SERVER_ADDRESS: telemetry.server_address}
+            if telemetry.server_port is not None:
+                attrs[semconv.SERVER_PORT] = telemetry.server_port
+            return attrs
+        server = scope.get("server")
+        if server and server[1] is not None:
+            return {semconv.SERVER_ADDRESS: server[0], semconv.SERVER_PORT: server[1]}
+        return {}
+
+    def _tap(self, receive: Receive) -> Receive:
+        """`receive` that also keeps up to BODY_CAP bytes of the request body, to parse once."""
+
+        async def tapped() -> Message:
+            message = await receive()
+            if not self._body_done and message["type"] == "http.request":
+                chunk: bytes = message.get("body", b"")
+                room = BODY_CAP - len(self._body)
+                if len(chunk) > room:
+                    self._truncated = True
+                if chunk and room > 0:
+                    self._body += chunk[:room]
+                if not message.get("more_body", False):
+                    self._body_done = True
+                    self.request = request_attributes(bytes(self._body), not self._truncated)
+                    self._body = bytearray()  # the prompt is not kept
+            return message
+
+        return tapped
+
+    # -- per content-carrying chunk ---------------------------------------------------------
+
+    def capture(self, events: list[Event], dialect: Dialect) -> None:
+        """With capture_content: keep the text of a token chunk, up to capture_limit."""
+        text = self.text
+        if text is not None and self.text_len < self.telemetry.capture_limit:
+            for event in events:
+                piece = event_text(dialect.name, event)
+                if piece:
+                    piece = piece[: self.telemetry.capture_limit - self.text_len]
+                    text.append(piece)
+                    self.text_len += len(piece)
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def ns(self, at: float) -> int:
+        """A loop-clock reading as wall-clock nanoseconds."""
+        return self.t0_ns + round((at - self.t0) * 1e9)
+
+    async def observe(self, cycle: Cycle) -> None:
+        """Run the cycle with this request's span current, then finish the record."""
+        span = self.span
+        token = None if span is None else otel_context.attach(trace.set_span_in_context(span))
+        failure: BaseException | None = None
+        try:
+            await cycle.run()
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            try:
+                finish(self, cycle, failure)
+            except Exception:
+                logging.getLogger("sidestream").exception("telemetry failed for a request")

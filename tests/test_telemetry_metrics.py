@@ -1,0 +1,279 @@
+"""Telemetry metrics, Prometheus text and configuration: GenAI histograms with the
+conventions' buckets, sidestream's counters and gauge, the chunk histogram, `from_env`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics.export import (
+    Histogram,
+    HistogramDataPoint,
+    InMemoryMetricReader,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    Sum,
+)
+from opentelemetry.trace import SpanKind
+
+from middleware import semconv
+from middleware.guard import StreamGuard
+from middleware.registry import StreamRegistry
+from middleware.telemetry import Telemetry, prometheus_text
+from middleware.telemetry_prometheus import metric_name
+from tests import clients
+from tests.apps import DONE, ROLE, Probe, chunk, scripted
+from tests.servers import serve
+
+
+def collected(reader: InMemoryMetricReader) -> dict[str, Metric]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+
+
+def points(metric: Metric) -> list[Any]:
+    assert isinstance(metric.data, (Histogram, Sum))
+    return list(metric.data.data_points)
+
+
+async def run_streams(telemetry: Telemetry, scripts: list[Any], **guard: Any) -> StreamGuard:
+    app_scripts = iter(scripts)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await scripted(next(app_scripts))(scope, receive, send)  # type: ignore[operator]
+
+    guard_app = StreamGuard(app, telemetry=telemetry, **guard)
+    async with serve(guard_app) as port:
+        for _ in scripts:
+            response = await clients.request(
+                port, "POST", "/v1/chat/completions", body=b'{"model": "m1", "stream": true}'
+            )
+            await response.body()
+            response.close()
+        await asyncio.sleep(0.05)
+    return guard_app
+
+
+STREAM = [(0, ROLE), (0, chunk("a")), (0.03, chunk("b")), (0.03, chunk("c")), (0, DONE)]
+
+
+async def test_genai_metrics_use_the_conventions_buckets_and_attributes() -> None:
+    """Duration, time to first chunk and token usage are SDK histograms with the GenAI
+    bucket boundaries and the required attributes; outcomes are counted."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(metric_readers=[reader])
+    await run_streams(telemetry, [STREAM, STREAM])
+    metrics = collected(reader)
+    for name in (semconv.METRIC_OPERATION_DURATION, semconv.METRIC_TIME_TO_FIRST_CHUNK):
+        (point,) = points(metrics[name])
+        assert isinstance(point, HistogramDataPoint)
+        assert tuple(point.explicit_bounds) == semconv.DURATION_BUCKETS
+        assert point.count == 2
+        assert point.attributes == {
+            semconv.GEN_AI_OPERATION_NAME: "chat",
+            semconv.GEN_AI_PROVIDER_NAME: "openai",
+            semconv.GEN_AI_REQUEST_MODEL: "m1",
+            semconv.SERVER_ADDRESS: "127.0.0.1",
+            semconv.SERVER_PORT: point.attributes[semconv.SERVER_PORT],
+        }
+    (usage,) = points(metrics[semconv.METRIC_TOKEN_USAGE])
+    assert tuple(usage.explicit_bounds) == semconv.TOKEN_BUCKETS
+    assert usage.attributes[semconv.GEN_AI_TOKEN_TYPE] == "output" and usage.sum == 6
+    (streams,) = points(metrics[semconv.METRIC_STREAMS])
+    assert isinstance(streams, NumberDataPoint)
+    assert streams.value == 2 and streams.attributes == {semconv.OUTCOME: "completed"}
+
+
+async def test_time_per_output_chunk_counts_every_gap_in_the_conventions_buckets() -> None:
+    """The chunk histogram holds one count per gap after the first content chunk (2 per
+    stream here), in the right 10 ms-doubling bucket, in Prometheus text and in metrics()."""
+    telemetry = Telemetry()
+    await run_streams(telemetry, [STREAM, STREAM])
+    tpoc = {m.name: m for m in telemetry.metrics()}[semconv.METRIC_TIME_PER_OUTPUT_CHUNK]
+    (point,) = points(tpoc)
+    assert point.count == 4
+    assert tuple(point.explicit_bounds) == semconv.DURATION_BUCKETS
+    # 30 ms gaps: bucket (0.02, 0.04] is index 2; a loaded machine may push one higher
+    assert sum(point.bucket_counts[2:4]) == 4
+    assert 0.1 < point.sum < 0.5
+    text = telemetry.prometheus_text().decode()
+    name = "gen_ai_client_operation_time_per_output_chunk_seconds"
+    assert f"# TYPE {name} histogram" in text
+    assert any(
+        line.startswith(f"{name}_count{{") and line.endswith(" 4") for line in text.splitlines()
+    )
+
+
+async def test_prometheus_text_has_every_instrument() -> None:
+    """Prometheus text: GenAI histograms with unit suffix and le buckets up to +Inf,
+    sidestream counters with _total, and the active-streams gauge."""
+    telemetry = Telemetry()
+    guard = await run_streams(telemetry, [STREAM])
+    text = prometheus_text(guard.registry, telemetry).decode()
+    lines = text.splitlines()
+    assert "sidestream_active_streams 0" in lines
+    assert lines.count("# TYPE sidestream_active_streams gauge") == 1
+    assert "# TYPE gen_ai_client_operation_duration_seconds histogram" in lines
+    assert "# TYPE gen_ai_client_operation_time_to_first_chunk_seconds histogram" in lines
+    assert "# TYPE gen_ai_client_token_usage histogram" in lines
+    assert any(
+        'le="+Inf"' in line and line.startswith("gen_ai_client_operation_duration_seconds_bucket")
+        for line in lines
+    )
+    assert 'sidestream_streams_total{sidestream_outcome="completed"} 1' in lines
+
+
+async def test_keepalives_and_cancellations_are_counted() -> None:
+    """A stream that stalls gets keep-alives (counted); one cut by the idle timeout is
+    counted as a cancellation by outcome."""
+    telemetry = Telemetry()
+    stalled = [(0, ROLE), (0, chunk("a")), (0.35, chunk("b")), (0, DONE)]
+    await run_streams(telemetry, [stalled], keepalive_interval=0.1, idle_timeout=0.25)
+    text = telemetry.prometheus_text().decode().splitlines()
+    keepalives = [line for line in text if line.startswith("sidestream_keepalives_total")]
+    assert keepalives and int(keepalives[0].split()[-1]) >= 1
+    assert 'sidestream_cancellations_total{sidestream_outcome="idle_timeout"} 1' in text
+    assert 'sidestream_streams_total{sidestream_outcome="idle_timeout"} 1' in text
+
+
+async def test_active_streams_gauge_counts_in_flight_streams_with_or_without_telemetry() -> None:
+    """prometheus_text(registry, None) serves sidestream_active_streams with telemetry off;
+    with telemetry the gauge is also an OTel instrument. Both count an open stream."""
+    registry = StreamRegistry()
+    telemetry = Telemetry()
+    probe = Probe()
+    app = scripted([(0, ROLE), (5.0, DONE)], probe)
+    async with serve(StreamGuard(app, registry=registry, telemetry=telemetry)) as port:
+        response = await clients.request(port, "POST", "/v1/chat/completions", body=b"{}")
+        await response.chunk()
+        assert b"sidestream_active_streams 1\n" in prometheus_text(registry, None)
+        assert b"sidestream_active_streams 1\n" in prometheus_text(registry, telemetry)
+        gauge = {m.name: m for m in telemetry.metrics()}[semconv.METRIC_ACTIVE_STREAMS]
+        assert [p.value for p in gauge.data.data_points] == [1]  # type: ignore[union-attr]
+        response.close()
+        await probe.wait()
+    assert b"sidestream_active_streams 0\n" in prometheus_text(registry, None)
+    assert prometheus_text(None, None) == (
+        b"# HELP sidestream_active_streams Requests in flight through the guard.\n"
+        b"# TYPE sidestream_active_streams gauge\nsidestream_active_streams 0\n"
+    )
+
+
+async def test_non_genai_requests_make_no_metrics_or_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A plain request on a non-GenAI path (a health check) is not a stream: no duration,
+    no outcome counted, no access-log line."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(metric_readers=[reader])
+
+    async def health(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with serve(StreamGuard(health, telemetry=telemetry)) as port:
+        response = await clients.request(port, "GET", "/health")
+        assert await response.body() == b"ok"
+        response.close()
+    data = reader.get_metrics_data()
+    names = {
+        m.name
+        for rm in (data.resource_metrics if data else ())
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert semconv.METRIC_OPERATION_DURATION not in names
+    assert semconv.METRIC_STREAMS not in names
+    assert not [r for r in caplog.records if r.name == semconv.ACCESS_LOGGER]
+
+
+def test_from_env_follows_the_otel_variables() -> None:
+    """OTEL_SDK_DISABLED=true turns telemetry off; spans are made only when an OTLP endpoint
+    (or OTEL_TRACES_EXPORTER=otlp) is configured; OTEL_SERVICE_NAME names the service."""
+    assert Telemetry.from_env(environ={"OTEL_SDK_DISABLED": "true"}) is None
+    quiet = Telemetry.from_env(environ={})
+    assert quiet is not None and quiet.tracer is None and quiet.span_kind is SpanKind.SERVER
+    quiet.shutdown()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_METRICS_EXPORTER": "none"}
+    on = Telemetry.from_env(SpanKind.CLIENT, environ=env, server_address="vllm")
+    assert on is not None and on.tracer is not None and on.span_kind is SpanKind.CLIENT
+    assert on.server_address == "vllm"
+    on.tracer_provider.shutdown()  # type: ignore[union-attr]  # nothing was recorded
+    on.meter_provider.shutdown()
+    off = Telemetry.from_env(environ={**env, "OTEL_TRACES_EXPORTER": "none"})
+    assert off is not None and off.tracer is None
+    off.shutdown()
+
+
+def test_prometheus_names_follow_the_otel_rules() -> None:
+    """Dots become underscores, `s` becomes _seconds, {annotations} add nothing, counters
+    end in _total."""
+    assert metric_name("gen_ai.client.operation.duration", "s") == (
+        "gen_ai_client_operation_duration_seconds"
+    )
+    assert metric_name("gen_ai.client.token.usage", "{token}") == "gen_ai_client_token_usage"
+    assert metric_name("sidestream.streams", "{stream}", counter=True) == "sidestream_streams_total"
+
+
+async def test_access_log_line_is_one_json_object(caplog: pytest.LogCaptureFixture) -> None:
+    """One access-log line per stream: a single JSON object with the documented fields."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+    await run_streams(Telemetry(), [STREAM])
+    (record,) = [r for r in caplog.records if r.name == semconv.ACCESS_LOGGER]
+    line = json.loads(record.getMessage())
+    assert set(line) >= {
+        "request_id", "trace_id", "outcome", "status", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
+        "tokens", "tokens_per_s", "duration_ms", "bytes", "cancel_latency_ms",
+    }  # fmt: skip
+    assert line["trace_id"] is None  # no tracer configured
+    assert line["tokens"] == 3 and line["outcome"] == "completed"
+    assert 20 <= line["itl_p50_ms"] <= 60
+
+
+class Collecting(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.exported: list[MetricsData] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+async def test_exported_metrics_include_the_chunk_histogram() -> None:
+    """A metric exporter (OTLP in production) receives the time-per-output-chunk histogram
+    next to the SDK's instruments, in sidestream's instrumentation scope."""
+    exporter = Collecting()
+    telemetry = Telemetry(metric_exporters=[exporter])
+    await run_streams(telemetry, [STREAM])
+    await asyncio.to_thread(telemetry.meter_provider.force_flush)
+    await asyncio.to_thread(telemetry.meter_provider.shutdown)
+    names = {
+        (sm.scope.name, m.name)
+        for data in exporter.exported
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert (semconv.INSTRUMENTATION_SCOPE, semconv.METRIC_TIME_PER_OUTPUT_CHUNK) in names
+    assert (semconv.INSTRUMENTATION_SCOPE, semconv.METRIC_OPERATION_DURATION) in names

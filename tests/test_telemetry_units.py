@@ -1,0 +1,199 @@
+"""Pure unit tests of telemetry's parts: the inter-token gap histogram, request parsing,
+content extraction, and the standard names against opentelemetry-semantic-conventions."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
+from opentelemetry.semconv.attributes import (
+    client_attributes,
+    error_attributes,
+    http_attributes,
+    server_attributes,
+    url_attributes,
+    user_agent_attributes,
+)
+
+from middleware import semconv
+from middleware.sse import Event
+from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
+from middleware.telemetry_gaps import ChunkHistogram, Gaps
+
+
+def ev(data: str, event: str = "message") -> Event:
+    return Event(event=event, data=data, id=None, retry=None)
+
+
+def gaps_of(values: list[float]) -> Gaps:
+    gaps = Gaps()
+    now = 100.0
+    gaps.add(now)
+    for value in values:
+        now += value
+        gaps.add(now)
+    return gaps
+
+
+def test_gap_quantiles_are_within_one_bucket_of_the_exact_ones() -> None:
+    """p50/p99 from the log buckets are within 12.5% of the exact quantiles; max is exact."""
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-4, 1) for _ in range(5000)]
+    gaps = gaps_of(values)
+    ordered = sorted(values)
+    for q in (0.5, 0.99):
+        exact = ordered[int(q * len(ordered)) - 1]
+        got = gaps.quantile(q)
+        assert got is not None and abs(got - exact) / exact < 0.125, (q, got, exact)
+    assert gaps.max == pytest.approx(max(values))
+    assert gaps.count == 5000
+
+
+def test_gap_memory_is_bounded_whatever_the_stream_length() -> None:
+    """O(1) memory: a million gaps over six decades still fit in a few hundred buckets."""
+    rng = random.Random(1)
+    gaps = gaps_of([10 ** rng.uniform(-6, 0) for _ in range(100_000)])
+    assert len(gaps.buckets) < 8 * 24
+
+
+def test_zero_gaps_and_single_tokens() -> None:
+    """Chunks read at the same instant give a gap of 0; one chunk gives no gap at all."""
+    assert gaps_of([0.0, 0.0]).quantile(0.5) == 0.0
+    single = gaps_of([])
+    assert single.quantile(0.5) is None and single.tokens_per_second() is None
+
+
+def test_tokens_per_second_after_the_first_token() -> None:
+    """Tokens per second counts the chunks after the first over the time since the first."""
+    assert gaps_of([0.1] * 10).tokens_per_second() == pytest.approx(10.0)
+
+
+def test_chunk_histogram_buckets_are_the_conventions_buckets_exactly() -> None:
+    """Folding a stream puts each gap in the bucket the SDK would: (b[i-1], b[i]]."""
+    values = [0.005, 0.015, 0.03, 0.05, 0.3, 1.0, 90.0]
+    histogram = ChunkHistogram(0)
+    histogram.fold(gaps_of(values), {"a": "b"})
+    metric = histogram.metric(1)
+    assert metric is not None
+    (point,) = metric.data.data_points  # type: ignore[union-attr]
+    expected = [0] * 15
+    for v in values:
+        expected[next((i for i, b in enumerate(semconv.DURATION_BUCKETS) if v <= b), 14)] += 1
+    assert list(point.bucket_counts) == expected  # type: ignore[union-attr]
+    assert point.count == len(values) and point.max == pytest.approx(90.0)  # type: ignore[union-attr]
+
+
+def test_request_attributes_from_a_whole_body() -> None:
+    """Model, stream and sampling parameters from the top level of the JSON body only."""
+    body = {
+        "model": "llama",
+        "stream": True,
+        "max_completion_tokens": 64,
+        "temperature": 0,
+        "top_p": 1,
+        "messages": [{"role": "user", "content": 'say "model": "evil"'}],
+        "tools": [{"parameters": {"properties": {"max_tokens": 5}}}],
+    }
+    assert request_attributes(json.dumps(body).encode(), complete=True) == {
+        semconv.GEN_AI_REQUEST_MODEL: "llama",
+        semconv.GEN_AI_REQUEST_STREAM: True,
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: 64,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: 0.0,
+        semconv.GEN_AI_REQUEST_TOP_P: 1.0,
+    }
+
+
+def test_request_attributes_from_a_truncated_body_ignore_text_in_strings() -> None:
+    """A body past BODY_CAP is searched in its prefix; a key quoted inside a string (as
+    escaped JSON) does not match."""
+    prompt = 'ignore \\"model\\": \\"evil\\" ' + "x" * BODY_CAP
+    raw = ('{"messages":[{"content":"' + prompt + '"}],"model":"late"').encode()
+    assert request_attributes(raw[:BODY_CAP], complete=False) == {}
+    raw = b'{"model": "early", "max_tokens": 9, "messages": [{"content": "' + b"y" * BODY_CAP
+    assert request_attributes(raw[:BODY_CAP], complete=False) == {
+        semconv.GEN_AI_REQUEST_MODEL: "early",
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: 9,
+    }
+
+
+def test_request_attributes_of_tgi_and_junk() -> None:
+    """TGI's parameters object counts; a body that is not JSON gives nothing."""
+    tgi = b'{"inputs": "hi", "parameters": {"max_new_tokens": 20, "temperature": 0.7}}'
+    assert request_attributes(tgi, complete=True) == {
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: 20,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: 0.7,
+    }
+    assert request_attributes(b"not json", complete=True) == {}
+
+
+@pytest.mark.parametrize(
+    ("dialect", "event", "text"),
+    [
+        ("openai.chat", ev('{"choices":[{"delta":{"content":"Hi"}}]}'), "Hi"),
+        ("openai.completions", ev('{"choices":[{"text":"Yo"}]}'), "Yo"),
+        (
+            "openai.responses",
+            ev(
+                '{"type":"response.output_text.delta","delta":"R"}',
+                "response.output_text.delta",
+            ),
+            "R",
+        ),
+        (
+            "anthropic",
+            ev('{"delta":{"type":"text_delta","text":"A"}}', "content_block_delta"),
+            "A",
+        ),
+        ("tgi", ev('{"token":{"text":"T","special":false}}'), "T"),
+        ("tgi", ev('{"token":{"text":"</s>","special":true}}'), ""),
+        ("openai.chat", ev("[DONE]"), ""),
+    ],
+)
+def test_event_text_per_dialect(dialect: str, event: Event, text: str) -> None:
+    """Captured content is the generated text of each dialect's token events, nothing else."""
+    assert event_text(dialect, event) == text
+
+
+def test_standard_names_match_the_semantic_conventions_package() -> None:
+    """Every GenAI/HTTP name in middleware.semconv is the one the conventions define."""
+    pairs = [
+        (semconv.GEN_AI_OPERATION_NAME, gen_ai.GEN_AI_OPERATION_NAME),
+        (semconv.GEN_AI_PROVIDER_NAME, gen_ai.GEN_AI_PROVIDER_NAME),
+        (semconv.GEN_AI_REQUEST_MODEL, gen_ai.GEN_AI_REQUEST_MODEL),
+        (semconv.GEN_AI_REQUEST_STREAM, gen_ai.GEN_AI_REQUEST_STREAM),
+        (semconv.GEN_AI_REQUEST_MAX_TOKENS, gen_ai.GEN_AI_REQUEST_MAX_TOKENS),
+        (semconv.GEN_AI_REQUEST_TEMPERATURE, gen_ai.GEN_AI_REQUEST_TEMPERATURE),
+        (semconv.GEN_AI_REQUEST_TOP_P, gen_ai.GEN_AI_REQUEST_TOP_P),
+        (semconv.GEN_AI_RESPONSE_ID, gen_ai.GEN_AI_RESPONSE_ID),
+        (semconv.GEN_AI_RESPONSE_MODEL, gen_ai.GEN_AI_RESPONSE_MODEL),
+        (semconv.GEN_AI_RESPONSE_FINISH_REASONS, gen_ai.GEN_AI_RESPONSE_FINISH_REASONS),
+        (semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK),
+        (semconv.GEN_AI_USAGE_INPUT_TOKENS, gen_ai.GEN_AI_USAGE_INPUT_TOKENS),
+        (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS),
+        (semconv.GEN_AI_OUTPUT_MESSAGES, gen_ai.GEN_AI_OUTPUT_MESSAGES),
+        (semconv.GEN_AI_TOKEN_TYPE, gen_ai.GEN_AI_TOKEN_TYPE),
+        (semconv.HTTP_REQUEST_METHOD, http_attributes.HTTP_REQUEST_METHOD),
+        (semconv.HTTP_RESPONSE_STATUS_CODE, http_attributes.HTTP_RESPONSE_STATUS_CODE),
+        (semconv.URL_PATH, url_attributes.URL_PATH),
+        (semconv.URL_SCHEME, url_attributes.URL_SCHEME),
+        (semconv.CLIENT_ADDRESS, client_attributes.CLIENT_ADDRESS),
+        (semconv.USER_AGENT_ORIGINAL, user_agent_attributes.USER_AGENT_ORIGINAL),
+        (semconv.SERVER_ADDRESS, server_attributes.SERVER_ADDRESS),
+        (semconv.SERVER_PORT, server_attributes.SERVER_PORT),
+        (semconv.ERROR_TYPE, error_attributes.ERROR_TYPE),
+        (semconv.METRIC_OPERATION_DURATION, gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION),
+        (
+            semconv.METRIC_TIME_TO_FIRST_CHUNK,
+            gen_ai_metrics.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+        ),
+        (
+            semconv.METRIC_TIME_PER_OUTPUT_CHUNK,
+            gen_ai_metrics.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK,
+        ),
+        (semconv.METRIC_TOKEN_USAGE, gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE),
+    ]
+    for ours, theirs in pairs:
+        assert ours == theirs
