@@ -344,6 +344,20 @@ class Cycle:
         the per-token cost of telemetry.
         """
         dialect = self.dialect
+        record = self.record
+        assert record is not None
+        if (
+            dialect is not None
+            and self.line_state is LineState.EVENT
+            and record.text is None
+        ):
+            tokens = stats.tokens
+            if dialect.count_chunk(body, stats):
+                if stats.tokens != tokens:
+                    if self.first_token_at is None:
+                        self.first_token_at = now
+                    record.gaps.add(now)
+                return
         if (
             dialect is not None
             and self.line_state is LineState.EVENT
@@ -364,8 +378,7 @@ class Cycle:
         if stats.tokens != tokens:
             if self.first_token_at is None:
                 self.first_token_at = now
-            record = self.record
-            assert record is not None and dialect is not None
+            assert dialect is not None
             record.gaps.add(now)
             if record.text is not None:
                 record.capture(events, dialect)

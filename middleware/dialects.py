@@ -116,6 +116,15 @@ class Dialect:
             stats.tokens += 1
         self._details(event, stats)
 
+    def count_chunk(self, body: bytes, stats: StreamStats) -> bool:
+        """Account for a whole chunk at once, without splitting it into events.
+
+        A fast path for the usual chunk: only called at an event boundary. Returns False,
+        changing nothing, when the chunk is not plain enough to decide this way; the caller
+        then feeds it event by event.
+        """
+        return False
+
     def _details(self, event: Event, stats: StreamStats) -> None:
         if event.data == "[DONE]":
             stats.done = True
@@ -132,6 +141,7 @@ _CHAT_TOKEN = re.compile(
 )
 _COMPLETION_TOKEN = re.compile(r'"text"\s*:\s*"(?!")')
 _USAGE = re.compile(r'"usage"\s*:\s*\{')
+_OTHER_TOKENS = re.compile(rb'"(?:reasoning_content|reasoning|refusal|arguments)"\s*:\s*"')
 _FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
 
 
@@ -142,8 +152,39 @@ class OpenAIChat(Dialect):
     operation = "chat"
     _token = _CHAT_TOKEN
 
+    _literal = '"content":"'  # how OpenAI and vLLM write it: decides most chunks without the regex
+    _key = b'"content":'
+
     def is_token(self, event: Event) -> bool:
-        return self._token.search(event.data) is not None
+        data = event.data
+        at = data.find(self._literal)
+        if at >= 0 and data[at + len(self._literal) : at + len(self._literal) + 1] not in ('"', ""):
+            return True
+        return self._token.search(data) is not None
+
+    def count_chunk(self, body: bytes, stats: StreamStats) -> bool:
+        """Whole one-line `data: {...}` events whose only content key is `content` (`text`),
+        carrying no usage and no finish reason: each event is one chunk, and those whose
+        content string is non-empty are tokens. JSON escapes quotes and newlines inside
+        strings, so the byte counts below only see keys and line ends."""
+        events = body.count(b"\n\n")
+        key = self._key
+        if (
+            not events
+            or not stats.events
+            or body.count(b"\n") != 2 * events
+            or body.count(b"\n\ndata: ") != events - 1
+            or not body.startswith(b"data: ")
+            or b"\r" in body
+            or body.count(key) != events
+            or b'"usage"' in body
+            or body.count(b'"finish_reason"') != body.count(b'"finish_reason":null')
+            or _OTHER_TOKENS.search(body) is not None
+        ):
+            return False
+        stats.events += events
+        stats.tokens += body.count(key + b'"') - body.count(key + b'""')
+        return True
 
     def _details(self, event: Event, stats: StreamStats) -> None:
         data = event.data
@@ -153,7 +194,10 @@ class OpenAIChat(Dialect):
         if (
             stats.events != 1
             and ('"usage"' not in data or _USAGE.search(data) is None)
-            and _FINISH_REASON.search(data) is None
+            and (
+                data.count('"finish_reason"') == data.count('"finish_reason":null')
+                or _FINISH_REASON.search(data) is None
+            )
         ):
             return
         obj = _loads(data, stats)
@@ -175,6 +219,8 @@ class OpenAICompletions(OpenAIChat):
     name = "openai.completions"
     operation = "text_completion"
     _token = _COMPLETION_TOKEN
+    _literal = '"text":"'
+    _key = b'"text":'
 
 
 _DELTA = re.compile(r'"delta"\s*:\s*"(?!")')
