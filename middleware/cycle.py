@@ -346,11 +346,7 @@ class Cycle:
         dialect = self.dialect
         record = self.record
         assert record is not None
-        if (
-            dialect is not None
-            and self.line_state is LineState.EVENT
-            and record.text is None
-        ):
+        if dialect is not None and self.line_state is LineState.EVENT and record.text is None:
             tokens = stats.tokens
             if dialect.count_chunk(body, stats):
                 if stats.tokens != tokens:
