@@ -51,6 +51,7 @@ class H1Connection(asyncio.Protocol):
 
     __slots__ = (
         "_drain",
+        "_loop",
         "_framed",
         "_head_bytes",
         "_head_request",
@@ -76,6 +77,8 @@ class H1Connection(asyncio.Protocol):
     )
 
     def __init__(self) -> None:
+        # Kept: asyncio.get_running_loop() costs a getpid() system call, once per token here.
+        self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.dead = False  # closed, broken, or sent something unasked: never reuse
         self.lost = False  # connection_lost ran: no event will come any more
@@ -206,7 +209,7 @@ class H1Connection(asyncio.Protocol):
         assert self.transport is not None
         if self.lost:
             raise self.error or UpstreamProtocolError("the upstream connection is closed")
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[None] = self._loop.create_future()
         self.waiter = waiter
         if self.paused:
             self.paused = False
@@ -216,7 +219,7 @@ class H1Connection(asyncio.Protocol):
     async def drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
         while self.write_paused and not self.dead:
-            self._drain = asyncio.get_running_loop().create_future()
+            self._drain = self._loop.create_future()
             await self._drain
 
     def write(self, data: bytes) -> None:
