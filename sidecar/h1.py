@@ -51,11 +51,11 @@ class H1Connection(asyncio.Protocol):
 
     __slots__ = (
         "_drain",
-        "_loop",
         "_framed",
         "_head_bytes",
         "_head_request",
         "_informational",
+        "_loop",
         "_parser",
         "chunks",
         "complete",
