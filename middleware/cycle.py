@@ -232,12 +232,9 @@ class Cycle:
 
     # -- the response side ---------------------------------------------------------------------
 
-    async def send(self, message: Message) -> None:
+    async def _send_other(self, message: Message) -> None:
         if self.streaming:
-            if message["type"] == "http.response.body":
-                await self._relay(message)
-            else:
-                await self.downstream(message)
+            await self.downstream(message)
             return
         if message["type"] == "http.response.start":
             await self._start(message)
@@ -284,7 +281,12 @@ class Cycle:
         # Servers that hold headers until the first body byte (hypercorn) send them now.
         await self.downstream({"type": "http.response.body", "body": b"", "more_body": True})
 
-    async def _relay(self, message: Message) -> None:
+    async def send(self, message: Message) -> None:
+        """The app's `send`. The relay of a stream's body chunk is written out here, not in
+        a helper: it runs once per token, and a coroutine call per token is measurable."""
+        if not self.streaming or message["type"] != "http.response.body":
+            await self._send_other(message)
+            return
         if self.reason is not None:
             # Stopped already. A server that drops writes to a gone client never suspends in
             # send(), so the pending cancellation could not reach an app that sends in a loop.

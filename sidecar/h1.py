@@ -68,6 +68,7 @@ class H1Connection(asyncio.Protocol):
         "lost",
         "on_body",
         "paused",
+        "reader",
         "received",
         "request_done",
         "status",
@@ -85,7 +86,8 @@ class H1Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.chunks: list[bytes] = []
         self.on_body = self.chunks.append  # the parser's body callback, called from C
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None  # head and state changes
+        self.reader: asyncio.Future[bytes] | None = None  # the body's next chunk
         self.paused = False
         self.error: UpstreamProtocolError | None = None
         self._drain: asyncio.Future[None] | None = None
@@ -130,6 +132,11 @@ class H1Connection(asyncio.Protocol):
             cause = exc.__context__ if isinstance(exc.__context__, _Refused) else exc
             self._fail(f"invalid HTTP response from the upstream: {cause or type(exc).__name__}")
             return
+        reader = self.reader
+        if reader is not None:
+            self.reader = None
+            if not reader.done() and self.deliver(reader):
+                return
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -252,6 +259,31 @@ class H1Connection(asyncio.Protocol):
             if future is not None and not future.done():
                 future.set_result(None)
         self.waiter = self._drain = None
+        reader, self.reader = self.reader, None
+        if reader is not None and not reader.done():
+            self.deliver(reader)
+
+    def deliver(self, future: asyncio.Future[bytes]) -> bool:
+        """Settle `future` with the next body chunk (every byte received so far), the end
+        (StopAsyncIteration) or the error; False when there is nothing to say yet."""
+        chunks = self.chunks
+        if chunks:
+            data = b"".join(chunks)  # one piece: returned as is, no copy
+            chunks.clear()
+            if self.paused:
+                self.paused = False
+                assert self.transport is not None
+                self.transport.resume_reading()
+            future.set_result(data)
+        elif self.complete:
+            future.set_exception(StopAsyncIteration())
+        elif self.error is not None:
+            future.set_exception(self.error)
+        elif self.lost:
+            future.set_exception(UpstreamProtocolError("the upstream connection is closed"))
+        else:
+            return False
+        return True
 
 
 class Body:
@@ -265,23 +297,14 @@ class Body:
     def __aiter__(self) -> Body:
         return self
 
-    async def __anext__(self) -> bytes:
+    def __anext__(self) -> asyncio.Future[bytes]:
+        # A Future, not a coroutine: the connection settles it with the chunk itself, so a
+        # token costs no coroutine frame here and no second look at the connection.
         conn = self._conn
-        while True:
-            chunks = conn.chunks
-            if chunks:
-                data = b"".join(chunks)  # one piece: returned as is, no copy
-                chunks.clear()
-                if conn.paused:
-                    conn.paused = False
-                    assert conn.transport is not None
-                    conn.transport.resume_reading()
-                return data
-            if conn.complete:
-                raise StopAsyncIteration
-            if conn.error is not None:
-                raise conn.error
-            await conn.wait()
+        future = conn._loop.create_future()
+        if not conn.deliver(future):
+            conn.reader = future
+        return future
 
 
 def encode_head(method: bytes, target: bytes, headers: Headers) -> bytes:

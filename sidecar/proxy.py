@@ -153,29 +153,11 @@ class ProxyApp:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-        elif scope["type"] == "websocket":
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1003})
-
-    async def aclose(self) -> None:
-        """Close every pooled upstream connection."""
-        await self.pool.aclose()
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._not_http(scope, receive, send)
+            return
+        # The HTTP path is written out here, not in a method: a stream is resumed once per
+        # token through every coroutine level above the upstream read.
         method: str = scope["method"]
         if method in _REFUSED_METHODS:
             allow = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")]
@@ -205,11 +187,49 @@ class ProxyApp:
         inject_trace_context(upstream_headers)
         body = await self._body(client_headers, declared, receive, upstream_headers)
         try:
-            await self._relay(method.encode("ascii"), _target(scope), upstream_headers, body, send)
+            with map_exceptions():
+                exchange = self.pool.exchange(
+                    method.encode("ascii"), _target(scope), upstream_headers, body
+                )
+                async with exchange as response:
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status,
+                            "headers": rules.response_headers(response.headers),
+                        }
+                    )
+                    async for chunk in response.body:
+                        if chunk:
+                            await send(
+                                {"type": "http.response.body", "body": chunk, "more_body": True}
+                            )
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         except BodyTooLarge:
             await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
         except ClientDisconnected:
             return
+
+    async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1003})
+
+    async def aclose(self) -> None:
+        """Close every pooled upstream connection."""
+        await self.pool.aclose()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     def _too_large(self) -> str:
         return f"request body exceeds {self.max_body} bytes"
@@ -234,23 +254,6 @@ class ProxyApp:
         if first["type"] == "http.request" and (first.get("body") or first.get("more_body")):
             upstream_headers.append((b"transfer-encoding", b"chunked"))
         return RequestBody(receive, self.max_body, first)
-
-    async def _relay(
-        self, method: bytes, target: bytes, headers: rules.Headers, body: RequestBody, send: Send
-    ) -> None:
-        with map_exceptions():
-            async with self.pool.exchange(method, target, headers, body) as response:
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status,
-                        "headers": rules.response_headers(response.headers),
-                    }
-                )
-                async for chunk in response.body:
-                    if chunk:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def inject_trace_context(headers: rules.Headers) -> None:
