@@ -1,6 +1,6 @@
 """Drain under load: SIGTERM with 200 streams in flight ends each one cleanly, then the process.
 
-The sidecar is a real child process (`tests.test_sidecar_process.Child`) in front of the
+The sidecar is a real child process (`tests.procs.Child`) in front of the
 emulator, which runs in the test's own loop and tells when all 200 streams are in flight.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sidecar.emulator import Stats, make_app
+from tests.procs import CHAT, Child, chat, get
 from tests.servers import serve
 from tests.sseparse import parse
-from tests.test_sidecar_process import CHAT, Child, chat, get
 
 STREAMS = 200
 DRAIN_TIMEOUT = 2.0

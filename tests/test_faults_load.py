@@ -21,9 +21,9 @@ from sidecar.config import load
 from sidecar.server import build_guard
 from tests.clients import request
 from tests.faulty import FaultyUpstream
+from tests.procs import CHAT, chat, free_port, get
 from tests.servers import serve
 from tests.sseparse import parse
-from tests.test_sidecar_process import CHAT, chat, free_port, get
 
 
 async def test_past_max_streams_extra_requests_get_503_while_admitted_ones_flow() -> None:

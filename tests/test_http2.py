@@ -18,8 +18,6 @@ import shutil
 import signal
 import ssl
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,6 +35,7 @@ from sidecar.server import HypercornListener
 from sidecar.upstream import Upstream
 from tests.clients import request as h1_request
 from tests.h2peers import ClientStream, H2Client, RecordingUpstream
+from tests.procs import Child
 from tests.servers import bound_socket, serve
 from tests.sseparse import parse
 
@@ -306,60 +305,6 @@ async def test_downstream_http1_disconnect_resets_the_h2c_upstream_stream() -> N
 # --- the real CLI: python -m sidecar --http2 -------------------------------------------------
 
 
-def free_port() -> int:
-    sock = bound_socket()
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
-
-
-class Child:
-    """`python -m sidecar --http2` as a child process (after tests/test_sidecar_process.py)."""
-
-    def __init__(self, upstream_port: int, *flags: str) -> None:
-        self.port, self.admin = free_port(), free_port()
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "sidecar", "--http2",
-                "--listen", f"127.0.0.1:{self.port}",
-                "--admin-listen", f"127.0.0.1:{self.admin}",
-                "--upstream", f"http://127.0.0.1:{upstream_port}",
-                "--log-level", "warning",
-                *flags,
-            ],
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-
-    async def ready(self) -> None:
-        for port in (self.admin, self.port):
-            for _ in range(400):
-                assert self.process.poll() is None, (
-                    self.process.stderr and self.process.stderr.read()
-                )
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    await asyncio.sleep(0.025)
-                    continue
-                writer.close()
-                break
-            else:
-                raise TimeoutError("the sidecar did not start")
-
-    async def exit_code(self, timeout: float) -> int:
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self.process.wait), timeout)
-        except TimeoutError:
-            return -999
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
-
-
 @pytest.fixture
 async def emulator() -> AsyncIterator[int]:
     async with serve(make_app(stats=Stats())) as port:
@@ -385,7 +330,7 @@ async def test_cli_http2_serves_h2c_and_http1_on_one_port(emulator: int) -> None
     --http2-prior-knowledge and the raw HTTP/1.1 client both stream, and h2load's 200
     requests over 4 connections all succeed."""
     assert shutil.which("curl") and shutil.which("h2load"), "needs curl and nghttp2-client"
-    child = Child(emulator, "--keepalive-interval", "off")
+    child = Child(emulator, "--http2", "--keepalive-interval", "off")
     try:
         await child.ready()
         url = f"http://127.0.0.1:{child.port}" + STREAM.format(itl=1, tokens=3)
@@ -444,7 +389,7 @@ async def test_cli_http2_with_tls_negotiates_h2_by_alpn(emulator: int) -> None:
     one that does not, on the same TLS port."""
     with tempfile.TemporaryDirectory() as tmp:
         certfile, keyfile = self_signed(tmp)
-        child = Child(emulator, "--certfile", certfile, "--keyfile", keyfile)
+        child = Child(emulator, "--http2", "--certfile", certfile, "--keyfile", keyfile)
         try:
             await child.ready()
             trust = ssl.create_default_context(cafile=certfile)
@@ -464,7 +409,7 @@ async def test_cli_http2_drain_on_sigterm(emulator: int) -> None:
     """Drain over HTTP/2 is the same as over HTTP/1.1: on SIGTERM a new stream gets 503 with
     Retry-After, a stream in flight ends with a retryable terminal event at the drain
     timeout, and the process exits 0."""
-    child = Child(emulator, "--drain-timeout", "0.6", "--keepalive-interval", "off")
+    child = Child(emulator, "--http2", "--drain-timeout", "0.6", "--keepalive-interval", "off")
     try:
         await child.ready()
         async with H2Client(child.port).connected() as client:

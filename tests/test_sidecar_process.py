@@ -21,61 +21,9 @@ import pytest
 
 from sidecar.config import FLAGS, env_name, load
 from sidecar.emulator import Stats, make_app
-from tests.clients import request
-from tests.servers import bound_socket, serve
+from tests.procs import CHAT, Child, chat, get
+from tests.servers import serve
 from tests.sseparse import parse
-
-CHAT = "/v1/chat/completions"
-
-
-def free_port() -> int:
-    sock = bound_socket()
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
-
-
-class Child:
-    """A sidecar process with its traffic and admin ports."""
-
-    def __init__(self, upstream_port: int, *flags: str) -> None:
-        self.port, self.admin = free_port(), free_port()
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "sidecar",
-                "--listen", f"127.0.0.1:{self.port}",
-                "--admin-listen", f"127.0.0.1:{self.admin}",
-                "--upstream", f"http://127.0.0.1:{upstream_port}",
-                "--log-level", "warning",
-                *flags,
-            ],
-            stderr=subprocess.PIPE,
-        )  # fmt: skip
-
-    async def ready(self) -> None:
-        for _ in range(400):
-            assert self.process.poll() is None, self.process.stderr and self.process.stderr.read()
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.admin)
-            except OSError:
-                await asyncio.sleep(0.025)
-                continue
-            writer.close()
-            return
-        raise TimeoutError("the sidecar did not start")
-
-    async def exit_code(self, timeout: float) -> int:
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self.process.wait), timeout)
-        except TimeoutError:
-            return -999
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
 
 
 @pytest.fixture
@@ -83,26 +31,6 @@ async def emulator() -> AsyncIterator[tuple[int, Stats]]:
     stats = Stats()
     async with serve(make_app(stats=stats)) as port:
         yield port, stats
-
-
-def chat(tokens: int, itl_ms: int) -> bytes:
-    return json.dumps(
-        {
-            "model": "m",
-            "stream": True,
-            "messages": [{"role": "user", "content": "hi"}],
-            "sidestream": {"tokens": tokens, "ttft_ms": 0, "itl_ms": itl_ms},
-        }
-    ).encode()
-
-
-async def get(
-    port: int, path: str, method: str = "GET", body: bytes = b""
-) -> tuple[int, dict[str, str], bytes]:
-    response = await request(port, method, path, body=body)
-    data = await response.body()
-    response.close()
-    return response.status, {k.lower(): v for k, v in response.headers}, data
 
 
 def test_help_names_every_flag_with_its_env_var_and_default() -> None:
