@@ -141,7 +141,6 @@ _CHAT_TOKEN = re.compile(
 )
 _COMPLETION_TOKEN = re.compile(r'"text"\s*:\s*"(?!")')
 _USAGE = re.compile(r'"usage"\s*:\s*\{')
-_OTHER_TOKENS = re.compile(rb'"(?:reasoning_content|reasoning|refusal|arguments)"\s*:\s*"')
 _FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
 
 
@@ -154,6 +153,8 @@ class OpenAIChat(Dialect):
 
     _literal = '"content":"'  # how OpenAI and vLLM write it: decides most chunks without the regex
     _key = b'"content":'
+    _key_empty = b'"content":""'
+    _key_null = b'"content":null'
 
     def is_token(self, event: Event) -> bool:
         data = event.data
@@ -166,24 +167,32 @@ class OpenAIChat(Dialect):
         """Whole one-line `data: {...}` events whose only content key is `content` (`text`),
         carrying no usage and no finish reason: each event is one chunk, and those whose
         content string is non-empty are tokens. JSON escapes quotes and newlines inside
-        strings, so the byte counts below only see keys and line ends."""
-        events = body.count(b"\n\n")
-        key = self._key
+        strings, so the byte searches below only see keys and line ends."""
+        if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
+            return False  # the first event is parsed whole (id, model)
+        last = len(body) - 2
+        if body.find(b"\n") == last and body.endswith(b"\n\n"):  # one event: the usual chunk
+            events = 1
+        else:
+            events = body.count(b"\n\n")
+            if (
+                not events
+                or body.count(b"\n") != 2 * events
+                or body.count(b"\n\ndata: ") != events - 1
+                or not body.endswith(b"\n\n")
+            ):
+                return False
         if (
-            not events
-            or not stats.events
-            or body.count(b"\n") != 2 * events
-            or body.count(b"\n\ndata: ") != events - 1
-            or not body.startswith(b"data: ")
-            or b"\r" in body
-            or body.count(key) != events
+            body.count(self._key) != events
             or b'"usage"' in body
             or body.count(b'"finish_reason"') != body.count(b'"finish_reason":null')
-            or _OTHER_TOKENS.search(body) is not None
+            or b'"reasoning' in body
+            or b'"refusal":"' in body
+            or b'"arguments":"' in body
         ):
             return False
         stats.events += events
-        stats.tokens += body.count(key + b'"') - body.count(key + b'""')
+        stats.tokens += events - body.count(self._key_empty) - body.count(self._key_null)
         return True
 
     def _details(self, event: Event, stats: StreamStats) -> None:
@@ -221,6 +230,8 @@ class OpenAICompletions(OpenAIChat):
     _token = _COMPLETION_TOKEN
     _literal = '"text":"'
     _key = b'"text":'
+    _key_empty = b'"text":""'
+    _key_null = b'"text":null'
 
 
 _DELTA = re.compile(r'"delta"\s*:\s*"(?!")')
