@@ -23,18 +23,12 @@ from sidecar.config import load
 from sidecar.emulator import Stats, make_app
 from sidecar.server import build_guard
 from tests.clients import request
-from tests.servers import bound_socket, serve
+from tests.procs import free_port
+from tests.servers import serve
 from tests.sseparse import comments, parse
 
 SHIPPED = Path(__file__).parent.parent / "deploy" / "nginx" / "sidestream.conf"
 CHAT = "/v1/chat/completions"
-
-
-def free_port() -> int:
-    sock = bound_socket()
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
 
 
 def render(upstream_port: int, listen_port: int, **directives: str) -> str:

@@ -15,7 +15,8 @@ import pytest
 
 from sidecar.emulator import Stats, make_app
 from tests.clients import request
-from tests.servers import bound_socket, serve
+from tests.procs import free_port
+from tests.servers import serve
 
 BODY = json.dumps(
     {
@@ -25,13 +26,6 @@ BODY = json.dumps(
         "sidestream": {"tokens": 5, "ttft_ms": 0, "itl_ms": 1},
     }
 ).encode()
-
-
-def free_port() -> int:
-    sock = bound_socket()
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
 
 
 @pytest.fixture
