@@ -56,7 +56,7 @@ async def serve(
             setattr(config, key, value)
         stop = asyncio.Event()
         task = asyncio.create_task(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
-        await _wait_listening(port)
+        await wait_listening(port)
         try:
             yield port
         finally:
@@ -83,8 +83,9 @@ async def serve(
         sock.close()
 
 
-async def _wait_listening(port: int) -> None:
-    for _ in range(400):
+async def wait_listening(port: int, attempts: int = 400) -> None:
+    """Return once 127.0.0.1:`port` accepts a connection (5 ms between tries)."""
+    for _ in range(attempts):
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:

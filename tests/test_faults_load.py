@@ -22,7 +22,7 @@ from sidecar.server import build_guard
 from tests.clients import request
 from tests.faulty import FaultyUpstream
 from tests.procs import CHAT, chat, free_port, get
-from tests.servers import serve
+from tests.servers import serve, wait_listening
 from tests.sseparse import parse
 
 
@@ -73,18 +73,6 @@ def emulator_process(port: int) -> subprocess.Popen[bytes]:
     )
 
 
-async def listening(port: int) -> None:
-    for _ in range(800):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.01)
-            continue
-        writer.close()
-        return
-    raise TimeoutError(f"nothing listens on {port}")
-
-
 async def one(port: int) -> Result:
     started = time.monotonic()
     try:
@@ -118,7 +106,7 @@ async def test_upstream_restart_gives_quick_502s_then_recovers_and_readyz_follow
     results: list[Result] = []
     stop = asyncio.Event()
     try:
-        await listening(upstream_port)
+        await wait_listening(upstream_port, attempts=1600)
         settings = load(["--upstream", f"http://127.0.0.1:{upstream_port}"], environ={})
         registry = StreamRegistry()
         admin_app = AdminApp(registry, UpstreamHealth(settings.upstream, "/health"), lambda: None)
@@ -138,7 +126,7 @@ async def test_upstream_restart_gives_quick_502s_then_recovers_and_readyz_follow
             unready_in = await readyz_becomes(admin, 503)
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - killed)))
             emulator = emulator_process(upstream_port)
-            await listening(upstream_port)
+            await wait_listening(upstream_port, attempts=1600)
             back = time.monotonic()
             ready_in = await readyz_becomes(admin, 200)
             await asyncio.sleep(1.0)

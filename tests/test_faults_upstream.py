@@ -59,6 +59,24 @@ async def fetch(port: int, fault: str, **pacing: int) -> tuple[RawResponse, byte
     return response, body
 
 
+async def break_beside_a_healthy_stream(fault: str) -> tuple[RawResponse, bytes, bytes, int]:
+    """One request meets `fault` while a healthy 40-token stream runs beside it.
+
+    Returns the broken response and body, the healthy body, and how many upstream
+    connections were still busy afterwards.
+    """
+    async with (
+        FaultyUpstream() as upstream,
+        serve(sidecar_app(upstream.port, "--first-token-timeout", "0.5")) as port,
+    ):
+        healthy = asyncio.ensure_future(fetch(port, "ok", tokens=40, itl_ms=20))
+        await asyncio.sleep(0.05)
+        response, body = await fetch(port, fault)
+        _, healthy_body = await healthy
+        await asyncio.sleep(0.05)
+        return response, body, healthy_body, upstream.busy
+
+
 def assert_healthy(body: bytes, tokens: int) -> None:
     events = [data for _, data, _ in parse(body)]
     assert events[-1] == "[DONE]" and len(events) == tokens + 1
@@ -81,16 +99,7 @@ async def test_upstream_breaking_after_headers_ends_with_a_terminal_event(
     outcomes: list[Outcome], fault: str, code: str
 ) -> None:
     """After headers: a terminal SSE error event and a clean chunked end; the neighbour is unharmed."""
-    async with (
-        FaultyUpstream() as upstream,
-        serve(sidecar_app(upstream.port, "--first-token-timeout", "0.5")) as port,
-    ):
-        healthy = asyncio.ensure_future(fetch(port, "ok", tokens=40, itl_ms=20))
-        await asyncio.sleep(0.05)
-        response, body = await fetch(port, fault)
-        _, healthy_body = await healthy
-        await asyncio.sleep(0.05)
-        busy = upstream.busy
+    response, body, healthy_body, busy = await break_beside_a_healthy_stream(fault)
     assert response.status == 200
     events = parse(body)
     assert error_code(events[-1][1].encode()) == code
@@ -110,16 +119,7 @@ async def test_upstream_breaking_before_headers_gets_a_json_error(
     outcomes: list[Outcome], fault: str, status: int, code: str
 ) -> None:
     """Before headers: a 502/504 with an OpenAI-style JSON error body; the neighbour is unharmed."""
-    async with (
-        FaultyUpstream() as upstream,
-        serve(sidecar_app(upstream.port, "--first-token-timeout", "0.5")) as port,
-    ):
-        healthy = asyncio.ensure_future(fetch(port, "ok", tokens=40, itl_ms=20))
-        await asyncio.sleep(0.05)
-        response, body = await fetch(port, fault)
-        _, healthy_body = await healthy
-        await asyncio.sleep(0.05)
-        busy = upstream.busy
+    response, body, healthy_body, busy = await break_beside_a_healthy_stream(fault)
     assert response.status == status
     assert response.header("content-type") == "application/json"
     assert error_code(body) == code
