@@ -31,7 +31,7 @@ from middleware.framing import (
     terminal_event,
 )
 from middleware.sse import Event, LineState, SSEScanner, advance
-from middleware.types import Message, Receive, Scope, Send
+from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
 
 if TYPE_CHECKING:
     from middleware.guard import StreamGuard
@@ -51,6 +51,16 @@ class Cycle:
     def __init__(self, guard: StreamGuard, scope: Scope, receive: Receive, send: Send) -> None:
         self.guard = guard
         self.scope = scope
+        # The server's synchronous body write, if it offers one: the app gets the guard's
+        # instead (its checks first, then the server's), never the server's own.
+        self.server_nowait: SendNowait | None = None
+        extensions = scope.get("extensions")
+        if extensions and SEND_NOWAIT in extensions:
+            self.server_nowait = extensions[SEND_NOWAIT]["send"]
+            self.scope = {
+                **scope,
+                "extensions": {**extensions, SEND_NOWAIT: {"send": self.send_nowait}},
+            }
         self.client_receive = receive
         self.downstream = send
         self.loop = asyncio.get_running_loop()
@@ -324,6 +334,36 @@ class Cycle:
             await self.downstream(message)
         finally:
             self.sending_since = None
+
+    def send_nowait(self, body: bytes) -> bool:
+        """The `SEND_NOWAIT` extension: relay one more stream chunk now, or refuse (False)
+        and let the app `send` it. Refused whenever `send` would do more than write: before
+        the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
+        go first), with an inflater, once stopped, and whenever the server itself refuses
+        (flow control)."""
+        server = self.server_nowait
+        if (
+            server is None
+            or not self.streaming
+            or self.before_body
+            or self.reason is not None
+            or self.complete
+            or self.sending_since is not None
+            or self.keepalive is not None
+            or self.inflater is not None
+            or not server(body)
+        ):
+            return False
+        now = self.loop.time()
+        self.last_chunk = self.last_write = now
+        if self.stats is not None:
+            self._observe(body, now, self.stats)
+        elif self.scanner is not None:
+            self._scan(body, now)
+        self.line_state = advance(self.line_state, body)
+        self.chunks += 1
+        self.bytes += len(body)
+        return True
 
     def _scan(self, body: bytes, now: float) -> None:
         assert self.scanner is not None

@@ -1,4 +1,4 @@
-"""ASGI type aliases, as Starlette spells them."""
+"""ASGI type aliases, as Starlette spells them, and sidestream's one ASGI extension."""
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -8,3 +8,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# `scope["extensions"][SEND_NOWAIT] = {"send": f}`: `f(body) -> bool` writes `body` as one
+# more chunk (`more_body=True`) of a response already started, now, without awaiting; or
+# writes nothing and returns False (flow control, a client gone, a state it does not handle),
+# and the caller sends that chunk with the ASGI `send` instead, which waits as usual.
+# Offered by the sidecar's HTTP/1.1 server, passed on by StreamGuard (its own checks first),
+# used by the proxy to relay an upstream read without waking the request's task.
+SEND_NOWAIT = "sidestream.send_nowait"
+SendNowait = Callable[[bytes], bool]

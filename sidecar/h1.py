@@ -25,6 +25,7 @@ from typing import cast
 import httptools
 
 from middleware.errors import UpstreamProtocolError
+from middleware.types import SendNowait
 
 MAX_HEAD_BYTES = 65536
 
@@ -71,6 +72,7 @@ class H1Connection(asyncio.Protocol):
         "reader",
         "received",
         "request_done",
+        "sink",
         "status",
         "transport",
         "waiter",
@@ -88,6 +90,7 @@ class H1Connection(asyncio.Protocol):
         self.on_body = self.chunks.append  # the parser's body callback, called from C
         self.waiter: asyncio.Future[None] | None = None  # head and state changes
         self.reader: asyncio.Future[bytes] | None = None  # the body's next chunk
+        self.sink: SendNowait | None = None  # takes body chunks first (Body.push_to)
         self.paused = False
         self.error: UpstreamProtocolError | None = None
         self._drain: asyncio.Future[None] | None = None
@@ -105,6 +108,7 @@ class H1Connection(asyncio.Protocol):
         self.received = False  # any response byte
         self.request_done = False
         self.error = None
+        self.sink = None
         self.chunks.clear()
         self._head_request = method == b"HEAD"
         self._head_bytes = 0
@@ -132,11 +136,18 @@ class H1Connection(asyncio.Protocol):
             cause = exc.__context__ if isinstance(exc.__context__, _Refused) else exc
             self._fail(f"invalid HTTP response from the upstream: {cause or type(exc).__name__}")
             return
+        chunks = self.chunks
+        if chunks and self.sink is not None and self.sink(b"".join(chunks)):
+            chunks.clear()  # relayed without waking the consumer
         reader = self.reader
         if reader is not None:
-            self.reader = None
-            if not reader.done() and self.deliver(reader):
+            if reader.done():  # cancelled
+                self.reader = None
+            elif self.deliver(reader):
+                self.reader = None
                 return
+            else:
+                return  # nothing for it yet (a read of chunk framing only): it waits on
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -296,6 +307,11 @@ class Body:
 
     def __aiter__(self) -> Body:
         return self
+
+    def push_to(self, sink: SendNowait) -> None:
+        """Offer every later read's body bytes to `sink` first, from the protocol callback:
+        what it takes never comes out of this iterator; what it refuses does, as usual."""
+        self._conn.sink = sink
 
     def __anext__(self) -> asyncio.Future[bytes]:
         # A Future, not a coroutine: the connection settles it with the chunk itself, so a

@@ -25,7 +25,9 @@ import asyncio
 import json
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from middleware.types import SEND_NOWAIT, SendNowait
 
 _REASONS = {
     405: b"Method Not Allowed",
@@ -96,6 +98,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(_answer(405, "method_not_allowed", "CONNECT is not proxied", allow))
             return
         super().on_headers_complete()
+        cycle = self.cycle
+        # A request task was made for this head (not an upgrade); HEAD responses have no body.
+        if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
+            self.scope["extensions"] = {SEND_NOWAIT: {"send": _send_nowait(cycle)}}
 
     def _unsupported_upgrade_warning(self) -> None:
         if not self._refused:  # CONNECT already answered: nothing to warn about
@@ -126,6 +132,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self.transport.write(response)
         self.transport.close()
+
+
+def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
+    """The `SEND_NOWAIT` extension for one request: a chunked body write straight to the
+    transport, what uvicorn's `send` does for such a message, when nothing needs waiting for."""
+    flow = cycle.flow
+    write = cycle.transport.write
+
+    def send_nowait(body: bytes) -> bool:
+        if (
+            flow.write_paused
+            or cycle.disconnected
+            or not cycle.response_started
+            or cycle.response_complete
+            or not cycle.chunked_encoding
+        ):
+            return False
+        write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+    return send_nowait
 
 
 def protocol_class(

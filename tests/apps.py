@@ -18,6 +18,19 @@ NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson")]
 
 Script = Sequence[tuple[float, bytes]]
 
+# A chat-completions request as a server would pass it, for tests that drive an app by hand.
+SCOPE: Scope = {
+    "type": "http",
+    "asgi": {"version": "3.0"},
+    "http_version": "1.1",
+    "method": "POST",
+    "scheme": "http",
+    "path": "/v1/chat/completions",
+    "raw_path": b"/v1/chat/completions",
+    "query_string": b"",
+    "headers": [(b"host", b"test")],
+}
+
 
 @dataclass
 class Probe:

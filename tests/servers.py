@@ -16,8 +16,9 @@ from typing import Any, Literal
 import uvicorn
 
 from middleware.types import ASGIApp
+from sidecar.inbound import protocol_class
 
-Server = Literal["uvicorn-httptools", "uvicorn-h11", "hypercorn"]
+Server = Literal["uvicorn-httptools", "uvicorn-h11", "hypercorn", "sidecar"]
 SERVERS: tuple[Server, ...] = ("uvicorn-httptools", "uvicorn-h11", "hypercorn")
 
 
@@ -41,7 +42,10 @@ class _QuietUvicorn(uvicorn.Server):
 async def serve(
     app: ASGIApp, server: Server = "uvicorn-httptools", **options: Any
 ) -> AsyncIterator[int]:
-    """Serve `app` on 127.0.0.1 and yield the port; stop the server on exit."""
+    """Serve `app` on 127.0.0.1 and yield the port; stop the server on exit.
+
+    `sidecar` is uvicorn with the sidecar's HTTP/1.1 protocol (`sidecar.inbound`), which
+    also offers the `SEND_NOWAIT` extension: serve the sidecar's app with it."""
     sock = bound_socket()
     port = int(sock.getsockname()[1])
     if server == "hypercorn":
@@ -65,7 +69,10 @@ async def serve(
             sock.detach()  # hypercorn closed the descriptor itself
         return
 
-    http = options.pop("http", "httptools" if server == "uvicorn-httptools" else "h11")
+    default_http: Any = {"uvicorn-httptools": "httptools", "uvicorn-h11": "h11"}.get(server)
+    if server == "sidecar":  # uvicorn with the sidecar's own protocol, as sidecar.server runs it
+        default_http = protocol_class(header_timeout=10.0, max_head_bytes=40960)
+    http = options.pop("http", default_http)
     uv_config = uvicorn.Config(
         app, http=http, lifespan="auto", log_level="warning", timeout_graceful_shutdown=1, **options
     )

@@ -40,7 +40,7 @@ async def sidecar() -> AsyncIterator[int]:
     """The sidecar (keep-alive every 50 ms) in front of the emulator; yields its port."""
     async with serve(make_app(stats=Stats())) as upstream:
         flags = ["--upstream", f"http://127.0.0.1:{upstream}", "--keepalive-interval", "0.05"]
-        async with serve(build_guard(load(flags, environ={}), StreamRegistry())) as port:
+        async with serve(build_guard(load(flags, environ={}), StreamRegistry()), "sidecar") as port:
             yield port
 
 

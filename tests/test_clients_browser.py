@@ -44,7 +44,7 @@ async def test_chromium_reads_the_stream_by_fetch_and_eventsource() -> None:
         flags = ["--upstream", f"http://127.0.0.1:{upstream}", "--max-duration", "1"]
         flags += ["--keepalive-interval", "0.05"]
         sidecar = build_guard(load(flags, environ={}), StreamRegistry())
-        async with serve(sidecar) as port, serve(page_app) as page_port:
+        async with serve(sidecar, "sidecar") as port, serve(page_app) as page_port:
             query = {
                 "base": f"http://127.0.0.1:{port}",
                 "qf": urlencode({"text": TEXT, "ttft_ms": 0, "itl_ms": 50}),

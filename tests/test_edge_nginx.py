@@ -93,7 +93,7 @@ async def edge(
 ) -> AsyncIterator[int]:
     """nginx -> sidecar -> `upstream`; yields nginx's port. No sidecar when flags are None."""
     flags = ["--upstream", f"http://127.0.0.1:{upstream}", *sidecar_flags]
-    async with serve(build_guard(load(flags, environ={}), StreamRegistry())) as sidecar:
+    async with serve(build_guard(load(flags, environ={}), StreamRegistry()), "sidecar") as sidecar:
         port = free_port()
         with nginx(tmp, render(sidecar, port, **directives)) as process:
             await until_listening(port, process)

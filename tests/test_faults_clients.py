@@ -97,7 +97,7 @@ async def test_dying_client_cancels_the_upstream_and_leaks_nothing(
     connections return to their baseline, and the request has exactly one outcome."""
     async with FaultyUpstream() as upstream:
         settings = load(["--upstream", f"http://127.0.0.1:{upstream.port}"], environ={})
-        async with serve(build_guard(settings, StreamRegistry())) as port:
+        async with serve(build_guard(settings, StreamRegistry()), "sidecar") as port:
             warm = await request(port, "POST", CHAT, body=BODY, headers=[("X-Fault-Tokens", "2")])
             await warm.body()
             warm.close()

@@ -33,7 +33,7 @@ async def test_past_max_streams_extra_requests_get_503_while_admitted_ones_flow(
         settings = load(
             ["--upstream", f"http://127.0.0.1:{upstream.port}", "--max-streams", "20"], environ={}
         )
-        async with serve(build_guard(settings, StreamRegistry()), backlog=1024) as port:
+        async with serve(build_guard(settings, StreamRegistry()), "sidecar", backlog=1024) as port:
             pacing = [("X-Fault-Tokens", "30"), ("X-Fault-ITL-Ms", "20")]
             admitted = [await request(port, "POST", CHAT, body=b"{}", headers=pacing)]
             admitted += await asyncio.gather(
@@ -110,7 +110,10 @@ async def test_upstream_restart_gives_quick_502s_then_recovers_and_readyz_follow
         settings = load(["--upstream", f"http://127.0.0.1:{upstream_port}"], environ={})
         registry = StreamRegistry()
         admin_app = AdminApp(registry, UpstreamHealth(settings.upstream, "/health"), lambda: None)
-        async with serve(build_guard(settings, registry)) as port, serve(admin_app) as admin:
+        async with (
+            serve(build_guard(settings, registry), "sidecar") as port,
+            serve(admin_app) as admin,
+        ):
 
             async def worker() -> None:
                 while not stop.is_set():

@@ -67,7 +67,7 @@ async def break_beside_a_healthy_stream(fault: str) -> tuple[RawResponse, bytes,
     """
     async with (
         FaultyUpstream() as upstream,
-        serve(sidecar_app(upstream.port, "--first-token-timeout", "0.5")) as port,
+        serve(sidecar_app(upstream.port, "--first-token-timeout", "0.5"), "sidecar") as port,
     ):
         healthy = asyncio.ensure_future(fetch(port, "ok", tokens=40, itl_ms=20))
         await asyncio.sleep(0.05)
@@ -134,7 +134,7 @@ async def test_upstream_json_errors_pass_through_unchanged(
     outcomes: list[Outcome], fault: str
 ) -> None:
     """The upstream's own 500/429 JSON answers reach the client as they are, Retry-After kept."""
-    async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port)) as port:
+    async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port), "sidecar") as port:
         response, body = await fetch(port, fault)
         again, _ = await fetch(port, "ok")
     assert response.status == int(fault) and body == ERROR_BODIES[fault]
@@ -147,7 +147,7 @@ async def test_upstream_json_errors_pass_through_unchanged(
 
 async def test_invalid_utf8_is_forwarded_byte_for_byte(outcomes: list[Outcome]) -> None:
     """Bytes that are not UTF-8 pass through unchanged: the guard scans bytes, never re-encodes."""
-    async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port)) as port:
+    async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port), "sidecar") as port:
         response, body = await fetch(port, "bad_utf8")
     assert response.status == 200 and body == BAD_UTF8_BODY
     assert outcomes == [Outcome.COMPLETED]
@@ -162,7 +162,7 @@ async def test_a_10mb_line_without_newline_is_forwarded_in_bounded_memory(
     (for telemetry only; cutting it briefly copies that MiB twice), so the whole process —
     sidecar, upstream and client — peaks well below the line's size.
     """
-    async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port)) as port:
+    async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port), "sidecar") as port:
         tracemalloc.start()
         try:
             response = await send(port, "huge_line")

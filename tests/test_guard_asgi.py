@@ -16,20 +16,8 @@ import pytest
 
 from middleware.guard import StreamGuard
 from middleware.types import Message, Receive, Scope, Send
-from tests.apps import DONE, ROLE, SSE_HEADERS, Probe, chunk, scripted
+from tests.apps import DONE, ROLE, SCOPE, SSE_HEADERS, Probe, chunk, scripted
 from tests.sseparse import parse
-
-SCOPE: Scope = {
-    "type": "http",
-    "asgi": {"version": "3.0"},
-    "http_version": "1.1",
-    "method": "POST",
-    "scheme": "http",
-    "path": "/v1/chat/completions",
-    "raw_path": b"/v1/chat/completions",
-    "query_string": b"",
-    "headers": [(b"host", b"test")],
-}
 
 
 async def run(app: Any, scope: Scope = SCOPE, body: bytes = b"{}") -> list[Message]:

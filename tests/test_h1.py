@@ -463,3 +463,31 @@ def test_the_same_rules_hold_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
             await test_cancellation_closes_the_connection_within_50_ms(when)
 
     uvloop.run(scenarios())
+
+
+async def test_a_read_with_no_body_byte_keeps_the_consumer_waiting() -> None:
+    """A read that holds only a chunk-size line (no body byte yet) must not drop the waiting
+    consumer: the body byte that follows in a later read still reaches it."""
+    step = asyncio.Event()
+
+    async def handler(conn: RawConnection) -> None:
+        await conn.read_head()
+        conn.writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await step.wait()
+        conn.writer.write(b"5\r\n")  # the size line alone
+        await conn.writer.drain()
+        await asyncio.sleep(0.05)
+        conn.writer.write(b"hello\r\n0\r\n\r\n")
+        await conn.wait_eof()
+
+    async with (
+        RawUpstream(handler).running() as raw,
+        pool_for(raw) as pool,
+        pool.exchange(b"GET", b"/", GET_HEADERS) as response,
+    ):
+        pending = asyncio.ensure_future(anext(response.body))
+        await asyncio.sleep(0.01)  # the consumer is waiting before any body read arrives
+        step.set()
+        async with asyncio.timeout(2):
+            assert await pending == b"hello"
+            assert [chunk async for chunk in response.body] == []

@@ -64,7 +64,7 @@ async def stream(port: int, body: bytes) -> tuple[int, dict[str, str], bytes]:
 async def test_tokens_stream_through_with_usage(emulator: tuple[int, Stats]) -> None:
     """A chat stream arrives event by event, ending with usage and [DONE], headers rewritten."""
     upstream, _ = emulator
-    async with serve(sidecar_app(upstream)) as port:
+    async with serve(sidecar_app(upstream), "sidecar") as port:
         response = await request(port, "POST", CHAT, body=chat_body(tokens=8, itl_ms=30, ttft_ms=0))
         body = await response.body()
         response.close()
@@ -83,7 +83,7 @@ async def test_tokens_stream_through_with_usage(emulator: tuple[int, Stats]) -> 
 async def test_keepalives_during_silent_prefill_and_mid_stream(emulator: tuple[int, Stats]) -> None:
     """Headers go out at once; a long prefill and a slow token both get keep-alive comments."""
     upstream, _ = emulator
-    async with serve(sidecar_app(upstream, "--keepalive-interval", "0.1")) as port:
+    async with serve(sidecar_app(upstream, "--keepalive-interval", "0.1"), "sidecar") as port:
         t0 = time.monotonic()
         response = await request(
             port, "POST", CHAT, body=chat_body(tokens=3, ttft_ms=500, itl_ms=300)
@@ -101,7 +101,7 @@ async def test_idle_timeout_through_the_proxy_ends_with_terminal_event(
 ) -> None:
     """An upstream gap longer than --idle-timeout ends the stream with an error event; upstream cancelled."""
     upstream, stats = emulator
-    async with serve(sidecar_app(upstream, "--idle-timeout", "0.3")) as port:
+    async with serve(sidecar_app(upstream, "--idle-timeout", "0.3"), "sidecar") as port:
         status, _, body = await stream(port, chat_body(tokens=3, ttft_ms=0, itl_ms=5000))
         await asyncio.sleep(0.1)
     assert status == 200
@@ -119,7 +119,7 @@ async def test_first_token_timeout_before_upstream_headers_is_504() -> None:
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     upstream = server.sockets[0].getsockname()[1]
     try:
-        async with serve(sidecar_app(upstream, "--first-token-timeout", "0.3")) as port:
+        async with serve(sidecar_app(upstream, "--first-token-timeout", "0.3"), "sidecar") as port:
             t0 = time.monotonic()
             status, headers, body = await stream(port, chat_body())
             took = time.monotonic() - t0
@@ -137,7 +137,7 @@ async def test_connection_refused_is_502_json() -> None:
     sock = bound_socket()
     closed_port = sock.getsockname()[1]
     sock.close()
-    async with serve(sidecar_app(closed_port)) as port:
+    async with serve(sidecar_app(closed_port), "sidecar") as port:
         status, _, body = await stream(port, chat_body())
     error = json.loads(body)["error"]
     assert status == 502
@@ -161,7 +161,7 @@ async def test_upstream_dying_mid_stream_ends_with_terminal_event() -> None:
     server = await asyncio.start_server(dying, "127.0.0.1", 0)
     upstream = server.sockets[0].getsockname()[1]
     try:
-        async with serve(sidecar_app(upstream)) as port:
+        async with serve(sidecar_app(upstream), "sidecar") as port:
             status, _, body = await stream(port, chat_body())  # a truncated chunked end would raise
     finally:
         server.close()
@@ -179,7 +179,7 @@ async def test_client_leaving_closes_the_upstream_within_50ms_p99(
     upstream, stats = emulator
     itl = 10 if phase == "tokens flowing" else 60_000
     delays = []
-    async with serve(sidecar_app(upstream)) as port:
+    async with serve(sidecar_app(upstream), "sidecar") as port:
         for _ in range(25):
             before = stats.streams_cancelled
             response = await request(
@@ -208,7 +208,7 @@ async def test_max_streams_sheds_with_retry_after_while_admitted_streams_flow(
 ) -> None:
     """Past --max-streams new requests get 503 + Retry-After at once; admitted streams complete."""
     upstream, _ = emulator
-    async with serve(sidecar_app(upstream, "--max-streams", "2")) as port:
+    async with serve(sidecar_app(upstream, "--max-streams", "2"), "sidecar") as port:
         admitted = [
             asyncio.ensure_future(stream(port, chat_body(tokens=10, ttft_ms=0, itl_ms=30)))
             for _ in range(2)
@@ -281,7 +281,7 @@ async def test_openai_sdk_streams_through_the_sidecar(emulator: tuple[int, Stats
     import openai
 
     upstream, _ = emulator
-    async with serve(sidecar_app(upstream, "--keepalive-interval", "0.05")) as port:
+    async with serve(sidecar_app(upstream, "--keepalive-interval", "0.05"), "sidecar") as port:
         base = f"http://127.0.0.1:{port}/v1"
         extra = {"sidestream": {"tokens": 12, "ttft_ms": 150, "itl_ms": 5}}
         messages: Any = [{"role": "user", "content": "hi"}]

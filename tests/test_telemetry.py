@@ -101,7 +101,7 @@ async def sidecar(spans_options: dict[str, Any], **guard: Any) -> AsyncIterator[
         proxy = ProxyApp(Upstream.parse(f"http://127.0.0.1:{upstream_port}"))
         app = StreamGuard(proxy, telemetry=spans.telemetry, **guard)
         try:
-            async with serve(app, proxy_headers=False) as port:
+            async with serve(app, "sidecar", proxy_headers=False) as port:
                 yield port, spans
         finally:
             await proxy.aclose()

@@ -87,7 +87,7 @@ async def sidecar(telemetry: Telemetry, upstream: Any, **guard: Any) -> AsyncIte
     async with serve(upstream) as upstream_port:
         proxy = ProxyApp(Upstream.parse(f"http://127.0.0.1:{upstream_port}"))
         try:
-            async with serve(StreamGuard(proxy, telemetry=telemetry, **guard)) as port:
+            async with serve(StreamGuard(proxy, telemetry=telemetry, **guard), "sidecar") as port:
                 yield port
         finally:
             await proxy.aclose()
