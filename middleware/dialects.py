@@ -46,6 +46,9 @@ class StreamStats:
     output_tokens: int | None = None
     done: bool = False  # saw the dialect's end-of-stream marker
     malformed: int = 0  # events whose JSON could not be parsed where it was needed
+    # The bytes around the content string of this stream's plain token chunk (prefix, suffix,
+    # their total length), learned from one (Dialect.count_chunk); None until then.
+    frame: tuple[bytes, bytes, int] | None = None
 
 
 def _loads(data: str, stats: StreamStats) -> dict[str, Any]:
@@ -142,6 +145,7 @@ _CHAT_TOKEN = re.compile(
 _COMPLETION_TOKEN = re.compile(r'"text"\s*:\s*"(?!")')
 _USAGE = re.compile(r'"usage"\s*:\s*\{')
 _FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
+_STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"')  # a JSON string's rest, to its closing quote
 
 
 class OpenAIChat(Dialect):
@@ -167,7 +171,24 @@ class OpenAIChat(Dialect):
         """Whole one-line `data: {...}` events whose only content key is `content` (`text`),
         carrying no usage and no finish reason: each event is one chunk, and those whose
         content string is non-empty are tokens. JSON escapes quotes and newlines inside
-        strings, so the byte searches below only see keys and line ends."""
+        strings, so the byte searches below only see keys and line ends.
+
+        Within one stream such chunks differ only in their content string (id, model and
+        created repeat), so the first one teaches the stream's frame — the bytes before and
+        after that string — and a later chunk in the same frame is decided with three
+        comparisons: it is one line, and, its quotes being structure, the same object.
+        """
+        frame = stats.frame
+        if (
+            frame is not None
+            and body.startswith(frame[0])
+            and body.endswith(frame[1])
+            and body.find(b"\n") == len(body) - 2
+        ):
+            stats.events += 1
+            if len(body) != frame[2]:
+                stats.tokens += 1
+            return True
         if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
             return False  # the first event is parsed whole (id, model)
         last = len(body) - 2
@@ -191,9 +212,22 @@ class OpenAIChat(Dialect):
             or b'"arguments":"' in body
         ):
             return False
+        empty = body.count(self._key_empty) + body.count(self._key_null)
         stats.events += events
-        stats.tokens += events - body.count(self._key_empty) - body.count(self._key_null)
+        stats.tokens += events - empty
+        if frame is None and events == 1 and not empty:
+            self._learn_frame(body, stats)
         return True
+
+    def _learn_frame(self, body: bytes, stats: StreamStats) -> None:
+        start = body.find(self._key + b'"')
+        if start < 0:
+            return  # `"content": "..."` with a space: no frame, the checks above go on
+        start += len(self._key) + 1
+        rest = _STRING_REST.match(body, start)
+        if rest is not None:
+            end = rest.end() - 1  # the closing quote: the suffix starts with it
+            stats.frame = (body[:start], body[end:], start + len(body) - end)
 
     def _details(self, event: Event, stats: StreamStats) -> None:
         data = event.data

@@ -469,3 +469,69 @@ def test_observe_never_raises(data: str, kind: str) -> None:
         dialect.observe(Event(kind, data, None, None), stats)
         dialect.observe(Event(kind, data, None, None), stats)
         assert stats.events == 2
+
+
+# --- count_chunk: the whole-chunk fast path agrees with observing event by event ---
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None, **top: Any) -> bytes:
+    obj = {
+        "id": "chatcmpl-7",
+        "object": "chat.completion.chunk",
+        "created": 1730000000,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        **top,
+    }
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+chunk_kinds = st.one_of(
+    st.builds(lambda t: chat_chunk({"content": t}), st.one_of(texts, st.text(max_size=20))),
+    st.just(chat_chunk({"content": None})),
+    st.builds(lambda t: chat_chunk({"reasoning_content": t}), texts),
+    st.builds(lambda t: chat_chunk({"content": t}, "stop"), texts),
+    st.builds(lambda t: chat_chunk({"content": t}, usage={"completion_tokens": 3}), texts),
+    st.builds(lambda t: chat_chunk({"content": t}, id="other"), texts),  # another frame
+    st.builds(lambda t: chat_chunk({"content": t, "role": "assistant"}), texts),
+    st.just(b"data: [DONE]\n\n"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(chunk_kinds, min_size=1, max_size=3), max_size=12))
+def test_count_chunk_agrees_with_observing_each_event(reads: list[list[bytes]]) -> None:
+    """Any stream of chat chunks, several events to a read or one: counting whole reads
+    (count_chunk, with its learned frame, else event by event) gives the same stats as
+    observing every event. The first event is always observed whole (id and model)."""
+    dialect = dialect_for("/v1/chat/completions")
+    first = chat_chunk({"role": "assistant", "content": ""})
+    fast, reference = StreamStats(), StreamStats()
+    scanner, whole = SSEScanner(), SSEScanner()
+    for body in [first, *(b"".join(read) for read in reads)]:
+        if not dialect.count_chunk(body, fast):
+            for event in scanner.feed(body):
+                dialect.observe(event, fast)
+        for event in whole.feed(body):
+            dialect.observe(event, reference)
+    fast.frame = None
+    assert fast == reference
+
+
+def test_count_chunk_learns_the_frame_and_uses_it() -> None:
+    """The first plain token chunk sets the frame; later chunks of that frame are counted
+    by it (tokens, empty content), and a chunk of another shape falls back and is right."""
+    dialect = dialect_for("/v1/chat/completions")
+    stats = StreamStats()
+    dialect.observe(
+        Event("message", chat_chunk({"role": "assistant"})[6:-2].decode(), None, None), stats
+    )
+    assert dialect.count_chunk(chat_chunk({"content": 'a "quoted" \\ word'}), stats)
+    assert stats.frame is not None
+    prefix, suffix, size = stats.frame
+    assert prefix.endswith(b'"content":"') and suffix.startswith(b'"},"logprobs"')
+    assert size == len(prefix) + len(suffix)
+    assert dialect.count_chunk(chat_chunk({"content": "next"}), stats)
+    assert dialect.count_chunk(chat_chunk({"content": ""}), stats)
+    assert (stats.events, stats.tokens) == (4, 2)
+    assert not dialect.count_chunk(chat_chunk({"content": "x"}, "stop"), stats)
