@@ -341,26 +341,26 @@ class Cycle:
         the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
         go first), with an inflater, once stopped, and whenever the server itself refuses
         (flow control)."""
-        server = self.server_nowait
         if (
-            server is None
-            or not self.streaming
+            not self.streaming
             or self.before_body
             or self.reason is not None
             or self.complete
             or self.sending_since is not None
             or self.keepalive is not None
             or self.inflater is not None
-            or not server(body)
+            or self.server_nowait is None
+            or not self.server_nowait(body)
         ):
             return False
-        now = self.loop.time()
-        self.last_chunk = self.last_write = now
+        self.last_chunk = self.last_write = now = self.loop.time()
         if self.stats is not None:
             self._observe(body, now, self.stats)
         elif self.scanner is not None:
             self._scan(body, now)
-        self.line_state = advance(self.line_state, body)
+        self.line_state = (
+            LineState.EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
+        )
         self.chunks += 1
         self.bytes += len(body)
         return True

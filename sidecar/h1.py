@@ -139,6 +139,8 @@ class H1Connection(asyncio.Protocol):
         chunks = self.chunks
         if chunks and self.sink is not None and self.sink(b"".join(chunks)):
             chunks.clear()  # relayed without waking the consumer
+            if not self.complete:
+                return  # the sink is set after the head: only the end is news to the reader
         reader = self.reader
         if reader is not None:
             if reader.done():  # cancelled

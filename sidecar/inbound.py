@@ -141,10 +141,11 @@ def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
     write = cycle.transport.write
 
     def send_nowait(body: bytes) -> bool:
+        # `chunked_encoding` is None until the response has started, and True only for a
+        # chunked body (uvicorn's choice when no Content-Length was given).
         if (
             flow.write_paused
             or cycle.disconnected
-            or not cycle.response_started
             or cycle.response_complete
             or not cycle.chunked_encoding
         ):
