@@ -13,8 +13,10 @@ Deliberate choices (do not "fix" these):
   SDK's own default (localhost:4318) would log a connection error every few seconds on every
   install without a collector. With no trace exporter no spans are made at all; metrics and
   the access log still work (Prometheus text is always there).
-- `time_per_output_chunk` is not an SDK instrument (see `telemetry_gaps`): it is added to
-  every collection and export by `_WithChunks` and `metrics()`.
+- The per-stream instruments are not SDK instruments: they are aggregated here
+  (`telemetry_metrics`, and `telemetry_gaps` for `time_per_output_chunk`) and added to every
+  collection and export by `_WithLocal` and `metrics()`. Only the active-streams gauge, an
+  observable read at collection, is the SDK's own.
 - Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
   GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
   probes and model listings do not count as streams.
@@ -53,6 +55,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from middleware import semconv
 from middleware.registry import StreamRegistry
 from middleware.telemetry_gaps import ChunkHistogram
+from middleware.telemetry_metrics import LocalCounter, LocalHistogram
 from middleware.telemetry_prometheus import CONTENT_TYPE, exposition
 from middleware.telemetry_stream import StreamRecord
 
@@ -107,45 +110,57 @@ class Telemetry:
             if tracer_provider is None
             else tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE)
         )
-        self.chunks = ChunkHistogram(time.time_ns())
+        start = time.time_ns()
+        self.chunks = ChunkHistogram(start)
+        self.duration = LocalHistogram(
+            semconv.METRIC_OPERATION_DURATION,
+            "s",
+            "GenAI operation duration.",
+            semconv.DURATION_BUCKETS,
+            start,
+        )
+        self.ttfc = LocalHistogram(
+            semconv.METRIC_TIME_TO_FIRST_CHUNK,
+            "s",
+            "Time to receive the first chunk, from request arrival.",
+            semconv.DURATION_BUCKETS,
+            start,
+        )
+        self.token_usage = LocalHistogram(
+            semconv.METRIC_TOKEN_USAGE,
+            "{token}",
+            "Number of input and output tokens used.",
+            semconv.TOKEN_BUCKETS,
+            start,
+        )
+        self.streams = LocalCounter(
+            semconv.METRIC_STREAMS, "{stream}", "Streams ended, by outcome.", start
+        )
+        self.keepalives = LocalCounter(
+            semconv.METRIC_KEEPALIVES, "{keepalive}", "SSE keep-alive comments injected.", start
+        )
+        self.cancellations = LocalCounter(
+            semconv.METRIC_CANCELLATIONS,
+            "{stream}",
+            "Streams whose producer the guard cancelled, by outcome.",
+            start,
+        )
+        self._local: tuple[LocalHistogram | LocalCounter | ChunkHistogram, ...] = (
+            self.duration,
+            self.ttfc,
+            self.token_usage,
+            self.chunks,
+            self.streams,
+            self.keepalives,
+            self.cancellations,
+        )
         self._reader = InMemoryMetricReader()  # Prometheus text
         readers: list[MetricReader] = [self._reader, *metric_readers]
-        readers += [PeriodicExportingMetricReader(_WithChunks(e, self)) for e in metric_exporters]
+        readers += [PeriodicExportingMetricReader(_WithLocal(e, self)) for e in metric_exporters]
         self.meter_provider = MeterProvider(
             metric_readers=readers, resource=resource or Resource.create()
         )
         meter = self.meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE)
-        self.duration = meter.create_histogram(
-            semconv.METRIC_OPERATION_DURATION,
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
-        )
-        self.ttfc = meter.create_histogram(
-            semconv.METRIC_TIME_TO_FIRST_CHUNK,
-            unit="s",
-            description="Time to receive the first chunk, from request arrival.",
-            explicit_bucket_boundaries_advisory=semconv.DURATION_BUCKETS,
-        )
-        self.token_usage = meter.create_histogram(
-            semconv.METRIC_TOKEN_USAGE,
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=semconv.TOKEN_BUCKETS,
-        )
-        self.streams = meter.create_counter(
-            semconv.METRIC_STREAMS, unit="{stream}", description="Streams ended, by outcome."
-        )
-        self.keepalives = meter.create_counter(
-            semconv.METRIC_KEEPALIVES,
-            unit="{keepalive}",
-            description="SSE keep-alive comments injected.",
-        )
-        self.cancellations = meter.create_counter(
-            semconv.METRIC_CANCELLATIONS,
-            unit="{stream}",
-            description="Streams whose producer the guard cancelled, by outcome.",
-        )
         self._registries: list[StreamRegistry] = []
         meter.create_observable_gauge(
             semconv.METRIC_ACTIVE_STREAMS,
@@ -222,8 +237,12 @@ class Telemetry:
             for sm in rm.scope_metrics
             for m in sm.metrics
         ]
-        chunk = self.chunks.metric(time.time_ns())
-        return found if chunk is None else [*found, chunk]
+        return [*found, *self.local_metrics()]
+
+    def local_metrics(self) -> list[Metric]:
+        """The metrics aggregated here (`telemetry_metrics`), as collected now."""
+        now = time.time_ns()
+        return [m for m in (local.metric(now) for local in self._local) if m is not None]
 
     def prometheus_text(self, registry: StreamRegistry | None = None) -> bytes:
         return prometheus_text(registry, self)
@@ -275,8 +294,8 @@ def _wanted(env: Mapping[str, str], signal: str) -> bool:
     )
 
 
-class _WithChunks(MetricExporter):
-    """A metric exporter that adds the chunk histogram to every export."""
+class _WithLocal(MetricExporter):
+    """A metric exporter that adds the locally aggregated metrics to every export."""
 
     def __init__(self, inner: MetricExporter, telemetry: Telemetry) -> None:
         super().__init__(
@@ -289,9 +308,9 @@ class _WithChunks(MetricExporter):
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
-        chunk = self._telemetry.chunks.metric(time.time_ns())
-        if chunk is not None:
-            metrics_data = MetricsData(resource_metrics=list(_with(metrics_data, chunk)))
+        local = self._telemetry.local_metrics()
+        if local:
+            metrics_data = MetricsData(resource_metrics=list(_with(metrics_data, local)))
         return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -301,15 +320,15 @@ class _WithChunks(MetricExporter):
         self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
-def _with(data: MetricsData, chunk: Metric) -> Iterator[ResourceMetrics]:
-    """`data` with `chunk` in sidestream's scope (added when this export has none)."""
+def _with(data: MetricsData, local: list[Metric]) -> Iterator[ResourceMetrics]:
+    """`data` with `local` in sidestream's scope (added when this export has none)."""
     for i, rm in enumerate(data.resource_metrics):
         scopes = list(rm.scope_metrics)
         mine = [j for j, sm in enumerate(scopes) if sm.scope.name == semconv.INSTRUMENTATION_SCOPE]
         if mine:
             sm = scopes[mine[0]]
-            scopes[mine[0]] = ScopeMetrics(sm.scope, [*sm.metrics, chunk], sm.schema_url)
+            scopes[mine[0]] = ScopeMetrics(sm.scope, [*sm.metrics, *local], sm.schema_url)
         elif i == 0:
             scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE)
-            scopes.append(ScopeMetrics(scope, [chunk], ""))
+            scopes.append(ScopeMetrics(scope, local, ""))
         yield ResourceMetrics(rm.resource, scopes, rm.schema_url)

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     Histogram,
     HistogramDataPoint,
@@ -26,18 +27,16 @@ from middleware import semconv
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, prometheus_text
+from middleware.telemetry_metrics import LocalCounter, LocalHistogram
 from middleware.telemetry_prometheus import metric_name
 from tests import clients
 from tests.apps import DONE, ROLE, Probe, chunk, scripted
 from tests.servers import serve
 
 
-def collected(reader: InMemoryMetricReader) -> dict[str, Metric]:
-    data = reader.get_metrics_data()
-    assert data is not None
-    return {
-        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-    }
+def collected(telemetry: Telemetry) -> dict[str, Metric]:
+    """Every metric as a collection or an export sees it, the locally aggregated included."""
+    return {m.name: m for m in telemetry.metrics()}
 
 
 def points(metric: Metric) -> list[Any]:
@@ -69,12 +68,11 @@ STREAM = [(0, ROLE), (0, chunk("a")), (0.03, chunk("b")), (0.03, chunk("c")), (0
 
 
 async def test_genai_metrics_use_the_conventions_buckets_and_attributes() -> None:
-    """Duration, time to first chunk and token usage are SDK histograms with the GenAI
-    bucket boundaries and the required attributes; outcomes are counted."""
-    reader = InMemoryMetricReader()
-    telemetry = Telemetry(metric_readers=[reader])
+    """Duration, time to first chunk and token usage are histograms with the GenAI bucket
+    boundaries and the required attributes; outcomes are counted."""
+    telemetry = Telemetry()
     await run_streams(telemetry, [STREAM, STREAM])
-    metrics = collected(reader)
+    metrics = collected(telemetry)
     for name in (semconv.METRIC_OPERATION_DURATION, semconv.METRIC_TIME_TO_FIRST_CHUNK):
         (point,) = points(metrics[name])
         assert isinstance(point, HistogramDataPoint)
@@ -176,8 +174,7 @@ async def test_non_genai_requests_make_no_metrics_or_log_line(
     """A plain request on a non-GenAI path (a health check) is not a stream: no duration,
     no outcome counted, no access-log line."""
     caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
-    reader = InMemoryMetricReader()
-    telemetry = Telemetry(metric_readers=[reader])
+    telemetry = Telemetry()
 
     async def health(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -187,13 +184,7 @@ async def test_non_genai_requests_make_no_metrics_or_log_line(
         response = await clients.request(port, "GET", "/health")
         assert await response.body() == b"ok"
         response.close()
-    data = reader.get_metrics_data()
-    names = {
-        m.name
-        for rm in (data.resource_metrics if data else ())
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-    }
+    names = set(collected(telemetry))
     assert semconv.METRIC_OPERATION_DURATION not in names
     assert semconv.METRIC_STREAMS not in names
     assert not [r for r in caplog.records if r.name == semconv.ACCESS_LOGGER]
@@ -277,3 +268,43 @@ async def test_exported_metrics_include_the_chunk_histogram() -> None:
     }
     assert (semconv.INSTRUMENTATION_SCOPE, semconv.METRIC_TIME_PER_OUTPUT_CHUNK) in names
     assert (semconv.INSTRUMENTATION_SCOPE, semconv.METRIC_OPERATION_DURATION) in names
+
+
+@pytest.mark.parametrize("bounds", [semconv.DURATION_BUCKETS, semconv.TOKEN_BUCKETS])
+def test_local_aggregation_reports_what_the_sdk_would(bounds: tuple[float, ...]) -> None:
+    """The locally aggregated histogram and counter give the data points an SDK histogram
+    (same explicit bounds) and counter give for the same measurements, boundary values
+    included: bucket i holds (bounds[i-1], bounds[i]]."""
+    values = [0.0, *bounds, *(b * 1.5 for b in bounds), bounds[-1] * 10, 0.001]
+    attrs = [{"a": "x"}, {"a": "y", "b": 1}]
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    sdk_hist = meter.create_histogram("h", explicit_bucket_boundaries_advisory=bounds)
+    sdk_count = meter.create_counter("c")
+    local_hist = LocalHistogram("h", "", "", bounds, 0)
+    local_count = LocalCounter("c", "", "", 0)
+    for i, value in enumerate(values):
+        for attributes in attrs[: 1 + i % 2]:
+            sdk_hist.record(value, attributes)
+            local_hist.record(value, attributes)
+            sdk_count.add(i, attributes)
+            local_count.add(i, attributes)
+    data = reader.get_metrics_data()
+    assert data is not None
+    sdk = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+    def summary(metric: Metric | None) -> list[tuple[Any, ...]]:
+        assert metric is not None
+        return sorted(
+            (
+                tuple(sorted(p.attributes.items())),
+                tuple(getattr(p, "bucket_counts", ())),
+                getattr(p, "sum", None) or getattr(p, "value", None),
+                getattr(p, "min", None),
+                getattr(p, "max", None),
+            )
+            for p in points(metric)
+        )
+
+    assert summary(local_hist.metric(1)) == summary(sdk["h"])
+    assert summary(local_count.metric(1)) == summary(sdk["c"])
