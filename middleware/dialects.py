@@ -46,9 +46,9 @@ class StreamStats:
     output_tokens: int | None = None
     done: bool = False  # saw the dialect's end-of-stream marker
     malformed: int = 0  # events whose JSON could not be parsed where it was needed
-    # The bytes around the content string of this stream's plain token chunk (prefix, suffix,
-    # their total length), learned from one (Dialect.count_chunk); None until then.
-    frame: tuple[bytes, bytes, int] | None = None
+    # This stream's plain token chunk around its content string (prefix, marker, tail),
+    # learned from one (Dialect.count_chunk); None until then.
+    frame: tuple[bytes, bytes, bytes] | None = None
 
 
 def _loads(data: str, stats: StreamStats) -> dict[str, Any]:
@@ -174,21 +174,29 @@ class OpenAIChat(Dialect):
         strings, so the byte searches below only see keys and line ends.
 
         Within one stream such chunks differ only in their content string (id, model and
-        created repeat), so the first one teaches the stream's frame — the bytes before and
-        after that string — and a later chunk in the same frame is decided with three
-        comparisons: it is one line, and, its quotes being structure, the same object.
+        created repeat) and perhaps in a tail after the choices (OpenAI's obfuscation pad,
+        the emulator's timestamp), so the first one teaches the stream's frame — the bytes
+        before the string, and from its closing quote to the end of the choices — and a later
+        chunk in that frame is decided with a few byte comparisons: one line, the same
+        prefix, the marker found after it (its unescaped quotes cannot be inside a string,
+        so it is the structure), and no usage in a changed tail.
         """
         frame = stats.frame
-        if (
-            frame is not None
-            and body.startswith(frame[0])
-            and body.endswith(frame[1])
-            and body.find(b"\n") == len(body) - 2
-        ):
-            stats.events += 1
-            if len(body) != frame[2]:
-                stats.tokens += 1
-            return True
+        if frame is not None and body.startswith(frame[0]):
+            prefix, marker, tail = frame
+            at = body.find(marker, len(prefix))  # its quotes are structure: not in a string
+            if at >= 0 and body.find(b"\n") == len(body) - 2 and body.endswith(b"\n\n"):
+                rest = at + len(marker)
+                if body.endswith(tail) and rest + len(tail) == len(body):
+                    plain = True
+                else:  # a tail that changes per chunk (an obfuscation pad, a timestamp)
+                    after = body[rest:]
+                    plain = after.count(b'"usage"') == after.count(b'"usage":null')
+                if plain:
+                    stats.events += 1
+                    if at > len(prefix):
+                        stats.tokens += 1
+                    return True
         if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
             return False  # the first event is parsed whole (id, model)
         last = len(body) - 2
@@ -220,14 +228,21 @@ class OpenAIChat(Dialect):
         return True
 
     def _learn_frame(self, body: bytes, stats: StreamStats) -> None:
+        """Keep the bytes before the content string (prefix), those from its closing quote
+        to the end of the choices array (marker: no array or usage inside) and the rest."""
         start = body.find(self._key + b'"')
         if start < 0:
             return  # `"content": "..."` with a space: no frame, the checks above go on
         start += len(self._key) + 1
-        rest = _STRING_REST.match(body, start)
-        if rest is not None:
-            end = rest.end() - 1  # the closing quote: the suffix starts with it
-            stats.frame = (body[:start], body[end:], start + len(body) - end)
+        string = _STRING_REST.match(body, start)
+        if string is None:
+            return
+        end = string.end() - 1  # the closing quote: the marker starts with it
+        close = body.find(b"}]", end)
+        marker = body[end : close + 2]
+        if close < 0 or b"[" in marker or b'"usage"' in marker:
+            return
+        stats.frame = (body[:start], marker, body[close + 2 :])
 
     def _details(self, event: Event, stats: StreamStats) -> None:
         data = event.data

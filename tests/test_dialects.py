@@ -493,6 +493,9 @@ chunk_kinds = st.one_of(
     st.builds(lambda t: chat_chunk({"content": t}, "stop"), texts),
     st.builds(lambda t: chat_chunk({"content": t}, usage={"completion_tokens": 3}), texts),
     st.builds(lambda t: chat_chunk({"content": t}, id="other"), texts),  # another frame
+    st.builds(lambda t: chat_chunk({"content": t}, obfuscation=t), texts),  # a changing tail
+    st.builds(lambda t: chat_chunk({"content": t}, usage=None), texts),
+    st.builds(lambda n: chat_chunk({"content": "x"}, stamp=n), st.integers(0, 10**12)),
     st.builds(lambda t: chat_chunk({"content": t, "role": "assistant"}), texts),
     st.just(b"data: [DONE]\n\n"),
 )
@@ -528,9 +531,9 @@ def test_count_chunk_learns_the_frame_and_uses_it() -> None:
     )
     assert dialect.count_chunk(chat_chunk({"content": 'a "quoted" \\ word'}), stats)
     assert stats.frame is not None
-    prefix, suffix, size = stats.frame
-    assert prefix.endswith(b'"content":"') and suffix.startswith(b'"},"logprobs"')
-    assert size == len(prefix) + len(suffix)
+    prefix, marker, tail = stats.frame
+    assert prefix.endswith(b'"content":"')
+    assert marker == b'"},"logprobs":null,"finish_reason":null}]' and tail == b"}\n\n"
     assert dialect.count_chunk(chat_chunk({"content": "next"}), stats)
     assert dialect.count_chunk(chat_chunk({"content": ""}), stats)
     assert (stats.events, stats.tokens) == (4, 2)
