@@ -148,6 +148,12 @@ _FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
 _STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"')  # a JSON string's rest, to its closing quote
 
 
+def _string_end(body: bytes, start: int) -> int:
+    """Where the JSON string whose text starts at `start` closes (its quote), or -1."""
+    rest = _STRING_REST.match(body, start)
+    return -1 if rest is None else rest.end() - 1
+
+
 class OpenAIChat(Dialect):
     """OpenAI chat completions chunks, as OpenAI, vLLM, TGI's /v1 and llama.cpp send them."""
 
@@ -184,8 +190,15 @@ class OpenAIChat(Dialect):
         frame = stats.frame
         if frame is not None and body.startswith(frame[0]):
             prefix, marker, tail = frame
-            at = body.find(marker, len(prefix))  # its quotes are structure: not in a string
-            if at >= 0 and body.find(b"\n") == len(body) - 2 and body.endswith(b"\n\n"):
+            start = len(prefix)
+            at = body.find(marker, start)  # its quotes are structure: not in a string
+            if (
+                at >= 0
+                and body.find(b"\n") == len(body) - 2
+                and body.endswith(b"\n\n")
+                # the content string ends right at the marker (nothing else in the delta)
+                and (body.find(b'"', start) == at or _string_end(body, start) == at)
+            ):
                 rest = at + len(marker)
                 if body.endswith(tail) and rest + len(tail) == len(body):
                     plain = True
@@ -194,7 +207,7 @@ class OpenAIChat(Dialect):
                     plain = after.count(b'"usage"') == after.count(b'"usage":null')
                 if plain:
                     stats.events += 1
-                    if at > len(prefix):
+                    if at > start:
                         stats.tokens += 1
                     return True
         if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
@@ -234,10 +247,9 @@ class OpenAIChat(Dialect):
         if start < 0:
             return  # `"content": "..."` with a space: no frame, the checks above go on
         start += len(self._key) + 1
-        string = _STRING_REST.match(body, start)
-        if string is None:
+        end = _string_end(body, start)  # the closing quote: the marker starts with it
+        if end < 0:
             return
-        end = string.end() - 1  # the closing quote: the marker starts with it
         close = body.find(b"}]", end)
         marker = body[end : close + 2]
         if close < 0 or b"[" in marker or b'"usage"' in marker:

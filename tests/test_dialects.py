@@ -497,6 +497,7 @@ chunk_kinds = st.one_of(
     st.builds(lambda t: chat_chunk({"content": t}, usage=None), texts),
     st.builds(lambda n: chat_chunk({"content": "x"}, stamp=n), st.integers(0, 10**12)),
     st.builds(lambda t: chat_chunk({"content": t, "role": "assistant"}), texts),
+    st.builds(lambda t: chat_chunk({"content": "", "reasoning_content": t}), texts),
     st.just(b"data: [DONE]\n\n"),
 )
 
