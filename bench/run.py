@@ -23,6 +23,7 @@ from typing import Any
 
 from bench import report, scenarios
 from bench.targets import (
+    BSP_DELAY_S,
     LOAD_CORES,
     PROXY_CORES,
     PY,
@@ -68,7 +69,11 @@ def telemetry_wired(sink_port: int) -> bool:
     """Run a few streams through sidestream with telemetry on; did the sink get exports?"""
     before = sink_counts(sink_port)
     with session("sidestream+otel", sink_port):
-        time.sleep(2.0)  # the exporters' intervals are set to 0.5 s and 1 s
+        deadline = time.monotonic() + BSP_DELAY_S + 3.0  # the span batch goes out by then
+        while time.monotonic() < deadline:
+            if sink_counts(sink_port) > before:
+                return True
+            time.sleep(0.25)
     return sink_counts(sink_port) > before
 
 

@@ -6,7 +6,8 @@ c. idle: N open streams, one token every 5 s — all open and flowing? RSS per s
 d. cancel: clients close after 10 of 1,000 tokens — delay until the emulator sees the close.
 e. connect: sequential new connections, one token each — TTFT.
 
-CPU is the proxy tree's utime+stime across the load run (the proxy idles before and after).
+CPU is the proxy tree's utime+stime across the load run (the proxy idles before and after),
+and for sidestream+otel also the span exporter's next batch after it (`Session.settle_s`).
 Latency and TTFT are absolute here; `report` subtracts `direct` within the same repetition.
 """
 
@@ -62,6 +63,7 @@ def _streams(s: Session, cfg: dict[str, Any], timeout: float) -> tuple[list[Any]
     pids = s.pids()
     cpu0 = cpu_seconds(pids)
     (result,) = loadgen(s.port, [cfg], timeout)
+    time.sleep(s.settle_s)  # telemetry on: the spans of these streams are exported by now
     cpu = cpu_seconds(pids) - cpu0 if pids else math.nan
     return result["streams"], result["latencies_ns"], cpu
 

@@ -46,9 +46,7 @@ class StreamStats:
     output_tokens: int | None = None
     done: bool = False  # saw the dialect's end-of-stream marker
     malformed: int = 0  # events whose JSON could not be parsed where it was needed
-    # This stream's plain token chunk around its content string (prefix, marker, tail),
-    # learned from one (Dialect.count_chunk); None until then.
-    frame: tuple[bytes, bytes, bytes] | None = None
+    frame: Frame | None = None  # learned from a plain token chunk (Dialect.count_chunk)
 
 
 def _loads(data: str, stats: StreamStats) -> dict[str, Any]:
@@ -76,6 +74,35 @@ def _str(obj: dict[str, Any], key: str) -> str | None:
 def _int(obj: dict[str, Any], key: str) -> int | None:
     value = obj.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Frame:
+    """One stream's plain token chunk around its content string (see `count_chunk`):
+    `prefix` up to the string's opening quote, `marker` from its closing quote to the end
+    of the choices array, `suffix` from that quote to the end of the chunk."""
+
+    __slots__ = ("limit", "marker", "prefix", "suffix")
+
+    def __init__(self, prefix: bytes, marker: bytes, suffix: bytes) -> None:
+        self.prefix = prefix
+        self.marker = marker
+        self.suffix = suffix
+        self.limit = 2 * (len(prefix) + len(marker))
+
+    def ends(self, body: bytes) -> bool:
+        """`body` ends in the marker, then a tail of its own (OpenAI's obfuscation pad, the
+        emulator's timestamp) on the same line, with no usage in it."""
+        close = body.rfind(b"}]") + 2
+        tail = body[close:]
+        return (
+            close > len(self.prefix)
+            and body[close - len(self.marker) : close] == self.marker
+            and tail.find(b"\n") == len(tail) - 2
+            and tail.endswith(b"\n\n")
+            and (
+                not tail.count(b'"usage"') or tail.count(b'"usage"') == tail.count(b'"usage":null')
+            )
+        )
 
 
 def _identify(obj: dict[str, Any], stats: StreamStats) -> None:
@@ -181,35 +208,24 @@ class OpenAIChat(Dialect):
 
         Within one stream such chunks differ only in their content string (id, model and
         created repeat) and perhaps in a tail after the choices (OpenAI's obfuscation pad,
-        the emulator's timestamp), so the first one teaches the stream's frame — the bytes
-        before the string, and from its closing quote to the end of the choices — and a later
-        chunk in that frame is decided with a few byte comparisons: one line, the same
-        prefix, the marker found after it (its unescaped quotes cannot be inside a string,
-        so it is the structure), and no usage in a changed tail.
+        the emulator's timestamp), so the first one teaches the stream's `Frame` and a later
+        token chunk of that frame is decided with a few byte comparisons: the same prefix,
+        shorter than two events, content not empty (so a token, whatever else the delta
+        holds), and the same suffix — or the marker (its unescaped quotes cannot be inside a
+        string: it is structure) and a one-line tail without usage. Anything else, an empty
+        content included, takes the checks below.
         """
         frame = stats.frame
-        if frame is not None and body.startswith(frame[0]):
-            prefix, marker, tail = frame
-            start = len(prefix)
-            at = body.find(marker, start)  # its quotes are structure: not in a string
-            if (
-                at >= 0
-                and body.find(b"\n") == len(body) - 2
-                and body.endswith(b"\n\n")
-                # the content string ends right at the marker (nothing else in the delta)
-                and (body.find(b'"', start) == at or _string_end(body, start) == at)
-            ):
-                rest = at + len(marker)
-                if body.endswith(tail) and rest + len(tail) == len(body):
-                    plain = True
-                else:  # a tail that changes per chunk (an obfuscation pad, a timestamp)
-                    after = body[rest:]
-                    plain = after.count(b'"usage"') == after.count(b'"usage":null')
-                if plain:
-                    stats.events += 1
-                    if at > start:
-                        stats.tokens += 1
-                    return True
+        if (
+            frame is not None
+            and body.startswith(frame.prefix)
+            and len(body) < frame.limit  # one event: two would be longer
+            and body[len(frame.prefix)] != 34  # content is not "": a token, whatever follows
+            and (body.endswith(frame.suffix) or frame.ends(body))
+        ):
+            stats.events += 1
+            stats.tokens += 1
+            return True
         if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
             return False  # the first event is parsed whole (id, model)
         last = len(body) - 2
@@ -241,20 +257,17 @@ class OpenAIChat(Dialect):
         return True
 
     def _learn_frame(self, body: bytes, stats: StreamStats) -> None:
-        """Keep the bytes before the content string (prefix), those from its closing quote
-        to the end of the choices array (marker: no array or usage inside) and the rest."""
         start = body.find(self._key + b'"')
         if start < 0:
             return  # `"content": "..."` with a space: no frame, the checks above go on
         start += len(self._key) + 1
         end = _string_end(body, start)  # the closing quote: the marker starts with it
-        if end < 0:
-            return
         close = body.find(b"}]", end)
-        marker = body[end : close + 2]
-        if close < 0 or b"[" in marker or b'"usage"' in marker:
+        if end < 0 or close < 0:
             return
-        stats.frame = (body[:start], marker, body[close + 2 :])
+        marker = body[end : close + 2]
+        if b"[" not in marker and b'"usage"' not in marker:
+            stats.frame = Frame(body[:start], marker, body[end:])
 
     def _details(self, event: Event, stats: StreamStats) -> None:
         data = event.data

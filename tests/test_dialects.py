@@ -522,6 +522,27 @@ def test_count_chunk_agrees_with_observing_each_event(reads: list[list[bytes]]) 
     assert fast == reference
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(chunk_kinds, min_size=1, max_size=3), max_size=12))
+def test_count_chunk_agrees_with_a_stamped_frame(reads: list[list[bytes]]) -> None:
+    """The same, once the frame was learned from a chunk with a tail of its own (the
+    emulator's timestamp): later chunks are decided by the marker and their tails."""
+    dialect = dialect_for("/v1/chat/completions")
+    first = chat_chunk({"role": "assistant", "content": ""})
+    teach = chat_chunk({"content": "t"}, stamp=12345)
+    fast, reference = StreamStats(), StreamStats()
+    scanner, whole = SSEScanner(), SSEScanner()
+    for body in [first, teach, *(b"".join(read) for read in reads)]:
+        if not dialect.count_chunk(body, fast):
+            for event in scanner.feed(body):
+                dialect.observe(event, fast)
+        for event in whole.feed(body):
+            dialect.observe(event, reference)
+    assert fast.frame is not None
+    fast.frame = None
+    assert fast == reference
+
+
 def test_count_chunk_learns_the_frame_and_uses_it() -> None:
     """The first plain token chunk sets the frame; later chunks of that frame are counted
     by it (tokens, empty content), and a chunk of another shape falls back and is right."""
@@ -532,9 +553,10 @@ def test_count_chunk_learns_the_frame_and_uses_it() -> None:
     )
     assert dialect.count_chunk(chat_chunk({"content": 'a "quoted" \\ word'}), stats)
     assert stats.frame is not None
-    prefix, marker, tail = stats.frame
-    assert prefix.endswith(b'"content":"')
-    assert marker == b'"},"logprobs":null,"finish_reason":null}]' and tail == b"}\n\n"
+    frame = stats.frame
+    assert frame.prefix.endswith(b'"content":"')
+    assert frame.marker == b'"},"logprobs":null,"finish_reason":null}]'
+    assert frame.suffix == frame.marker + b"}\n\n"
     assert dialect.count_chunk(chat_chunk({"content": "next"}), stats)
     assert dialect.count_chunk(chat_chunk({"content": ""}), stats)
     assert (stats.events, stats.tokens) == (4, 2)
