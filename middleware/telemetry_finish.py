@@ -212,4 +212,6 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         "keepalives": cycle.keepalives,
         "cancel_latency_ms": _ms(cancel_latency),
     }
-    log.info(json.dumps(line, separators=(",", ":")))
+    # handle() a record made here: Logger.info would walk the stack for a caller nobody reads.
+    message = json.dumps(line, separators=(",", ":"))
+    log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None))

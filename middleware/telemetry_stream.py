@@ -12,8 +12,8 @@ attribute agree with the cycle's own deadlines.
 from __future__ import annotations
 
 import logging
+import random
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -52,7 +52,10 @@ class StreamRecord:
         self.method: str = scope.get("method", "GET")
         self.path: str = scope.get("path", "")
         self.genai: Dialect | None = select(self.path)
-        self.request_id = _header(headers, b"x-request-id", 128) or uuid.uuid4().hex
+        # Unique, not secret: random bits, not uuid4 (a getrandom() system call per request).
+        self.request_id = (
+            _header(headers, b"x-request-id", 128) or f"{random.getrandbits(128):032x}"
+        )
         self.request: dict[str, Any] = {}
         self._body = bytearray()
         self._body_done = False
