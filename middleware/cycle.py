@@ -385,9 +385,17 @@ class Cycle:
         holds nothing after such a chunk either, so skipping it is exact and saves most of
         the per-token cost of telemetry.
         """
-        dialect = self.dialect
         record = self.record
         assert record is not None
+        # The usual token chunk, once the stream's frame is known (Dialect.count_chunk learns
+        # it; never with content capture on, which needs each event's text).
+        frame = stats.frame
+        if frame is not None and self.line_state is LineState.EVENT and frame.token(body):
+            stats.events += 1
+            stats.tokens += 1
+            record.gaps.add(now)
+            return
+        dialect = self.dialect
         if dialect is not None and self.line_state is LineState.EVENT and record.text is None:
             tokens = stats.tokens
             if dialect.count_chunk(body, stats):

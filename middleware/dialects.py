@@ -89,7 +89,18 @@ class Frame:
         self.suffix = suffix
         self.limit = 2 * (len(prefix) + len(marker))
 
-    def ends(self, body: bytes) -> bool:
+    def token(self, body: bytes) -> bool:
+        """`body` is one token chunk of this frame: the same prefix, shorter than two events,
+        content not empty (so a token, whatever else the delta holds), then the same suffix
+        or the marker and a tail of its own."""
+        return (
+            body.startswith(self.prefix)
+            and len(body) < self.limit
+            and body[len(self.prefix)] != 34  # not the closing quote of ""
+            and (body.endswith(self.suffix) or self._ends(body))
+        )
+
+    def _ends(self, body: bytes) -> bool:
         """`body` ends in the marker, then a tail of its own (OpenAI's obfuscation pad, the
         emulator's timestamp) on the same line, with no usage in it."""
         close = body.rfind(b"}]") + 2
@@ -216,13 +227,7 @@ class OpenAIChat(Dialect):
         content included, takes the checks below.
         """
         frame = stats.frame
-        if (
-            frame is not None
-            and body.startswith(frame.prefix)
-            and len(body) < frame.limit  # one event: two would be longer
-            and body[len(frame.prefix)] != 34  # content is not "": a token, whatever follows
-            and (body.endswith(frame.suffix) or frame.ends(body))
-        ):
+        if frame is not None and frame.token(body):
             stats.events += 1
             stats.tokens += 1
             return True

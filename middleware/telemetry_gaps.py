@@ -1,18 +1,20 @@
 """Inter-token gaps: a per-stream log-bucket histogram and the process-wide chunk histogram.
 
-`Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: a sparse
-dict of log buckets, 8 per octave (each at most 12.5% wide), keyed with `math.frexp` — no
-log, no list per token. Percentiles are read from it once, at the stream's end.
+`Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: counts in
+fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s, found by
+one `bisect` — no log, no allocation per token. Percentiles are read from it once, at the
+stream's end.
 
 `ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
 record once per chunk. An SDK `Histogram.record` costs ~10 µs — more than the whole relay of
 a token — so the gaps are folded into it once per stream instead. That is exact, not an
-approximation: octaves are counted in units of 10 ms, and the conventions' boundaries are
-10 ms doubling, so every log bucket lies inside exactly one of their buckets.
+approximation: the conventions' boundaries (10 ms doubling) are bucket bounds here, so every
+log bucket lies inside exactly one of their buckets.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 
@@ -26,17 +28,22 @@ from opentelemetry.sdk.metrics.export import (
 from middleware import semconv
 
 SUB = 8  # log buckets per octave
-_ZERO = -(2**31)  # key for gaps of exactly 0 (two chunks read at the same clock reading)
+# Upper bounds: bucket i holds (BOUNDS[i-1], BOUNDS[i]], as OTel's explicit buckets do; the
+# last bucket holds everything above BOUNDS[-1]. Octaves of 10 ms, so 0.01 * 2**k are bounds.
+BOUNDS = [math.ldexp(1.0 + s / SUB, e) / 100.0 for e in range(-12, 14) for s in range(SUB)]
 _SPEC_BUCKETS = len(semconv.DURATION_BUCKETS) + 1
+_bucket = bisect.bisect_left
+# The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding each log bucket.
+_SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, math.inf]]
 
 
 class Gaps:
     """Time between consecutive content-carrying chunks of one stream, in seconds."""
 
-    __slots__ = ("buckets", "count", "first", "last", "max", "total")
+    __slots__ = ("count", "counts", "first", "last", "max", "total")
 
     def __init__(self) -> None:
-        self.buckets: dict[int, int] = {}
+        self.counts: list[int] = []  # one per bucket from the first gap on
         self.count = 0
         self.total = 0.0
         self.max = 0.0
@@ -51,17 +58,17 @@ class Gaps:
             self.first = now
             return
         gap = now - last
+        if not self.count:
+            self.counts = [0] * (len(BOUNDS) + 1)
         self.count += 1
         self.total += gap
         if gap > self.max:
             self.max = gap
-        if gap > 0.0:
-            mantissa, exponent = math.frexp(gap * 100.0)  # octaves of 10 ms
-            key = exponent * SUB + int(mantissa * 2 * SUB)
-        else:
-            key = _ZERO
-        buckets = self.buckets
-        buckets[key] = buckets.get(key, 0) + 1
+        self.counts[_bucket(BOUNDS, gap)] += 1
+
+    def buckets(self) -> dict[int, int]:
+        """The non-empty buckets: index -> count."""
+        return {i: n for i, n in enumerate(self.counts) if n}
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""
@@ -69,10 +76,10 @@ class Gaps:
             return None
         rank = max(1, math.ceil(q * self.count))
         seen = 0
-        for key in sorted(self.buckets):
-            seen += self.buckets[key]
+        for index, n in enumerate(self.counts):
+            seen += n
             if seen >= rank:
-                return min(_midpoint(key), self.max)
+                return min(_midpoint(index), self.max)
         return self.max  # not reached: the counts add up to self.count
 
     def tokens_per_second(self) -> float | None:
@@ -82,19 +89,13 @@ class Gaps:
         return self.count / (self.last - self.first)
 
 
-def _midpoint(key: int) -> float:
-    if key == _ZERO:
-        return 0.0
-    exponent, sub = divmod(key, SUB)
-    exponent -= 1
-    return math.ldexp(1.0 + (sub + 0.5) / SUB, exponent - 1) / 100.0
+def _lower_bound(index: int) -> float:
+    return 0.0 if index == 0 else BOUNDS[index - 1]
 
 
-def _spec_index(key: int) -> int:
-    """The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding a log bucket."""
-    if key == _ZERO:
-        return 0
-    return min(max(key // SUB - 1, 0), _SPEC_BUCKETS - 1)
+def _midpoint(index: int) -> float:
+    upper = BOUNDS[index] if index < len(BOUNDS) else BOUNDS[-1]
+    return (_lower_bound(index) + upper) / 2
 
 
 class _Series:
@@ -123,18 +124,19 @@ class ChunkHistogram:
         if not gaps.count:
             return
         key = tuple(sorted(attributes.items()))
-        low = min(gaps.buckets)
+        buckets = gaps.buckets()
+        low = min(buckets)
         with self._lock:
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _Series()
-            for bucket, n in gaps.buckets.items():
-                series.counts[_spec_index(bucket)] += n
+            for index, n in buckets.items():
+                series.counts[_SPEC_OF[index]] += n
             series.count += gaps.count
             series.total += gaps.total
             series.max = max(series.max, gaps.max)
-            # min is the lower edge of the lowest bucket: within 12.5% below the true one.
-            series.min = min(series.min, 0.0 if low == _ZERO else _lower_bound(low))
+            # min is the lower bound of the lowest bucket: within 12.5% below the true one.
+            series.min = min(series.min, _lower_bound(low))
 
     def metric(self, now_ns: int) -> Metric | None:
         """The histogram as an SDK `Metric` (for OTLP and Prometheus), None while empty."""
@@ -164,8 +166,3 @@ class ChunkHistogram:
                 aggregation_temporality=AggregationTemporality.CUMULATIVE,
             ),
         )
-
-
-def _lower_bound(key: int) -> float:
-    exponent, sub = divmod(key, SUB)
-    return math.ldexp(1.0 + sub / SUB, exponent - 2) / 100.0
