@@ -13,7 +13,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # more chunk (`more_body=True`) of a response already started, now, without awaiting; or
 # writes nothing and returns False (flow control, a client gone, a state it does not handle),
 # and the caller sends that chunk with the ASGI `send` instead, which waits as usual.
-# Offered by the sidecar's HTTP/1.1 server, passed on by StreamGuard (its own checks first),
-# used by the proxy to relay an upstream read without waking the request's task.
+# Offered by the sidecar's HTTP/1.1 server, passed on by StreamGuard (its own checks first,
+# swapped into the same dict), used by the proxy to relay an upstream read without waking
+# the request's task.
 SEND_NOWAIT = "sidestream.send_nowait"
 SendNowait = Callable[[bytes], bool]

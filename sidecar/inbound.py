@@ -137,20 +137,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
     """The `SEND_NOWAIT` extension for one request: a chunked body write straight to the
     transport, what uvicorn's `send` does for such a message, when nothing needs waiting for."""
-    flow = cycle.flow
-    write = cycle.transport.write
 
     def send_nowait(body: bytes) -> bool:
         # `chunked_encoding` is None until the response has started, and True only for a
         # chunked body (uvicorn's choice when no Content-Length was given).
         if (
-            flow.write_paused
+            cycle.flow.write_paused
             or cycle.disconnected
             or cycle.response_complete
             or not cycle.chunked_encoding
         ):
             return False
-        write(b"%x\r\n%b\r\n" % (len(body), body))
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
 
     return send_nowait
