@@ -1,4 +1,4 @@
-"""Process figures from /proc: CPU seconds, RSS, peak RSS and open fds of a process tree.
+"""Process figures: CPU seconds, RSS, peak RSS and open fds of a process tree (from /proc).
 
 A target is a process tree (nginx: master + worker; a Python proxy: one process), so every
 reading sums over the root and its descendants, found by scanning /proc for parent ids.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -35,16 +36,27 @@ def tree(root: int) -> list[int]:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes (all their threads), in seconds."""
-    total = 0
+    """CPU time of these processes (all their threads, ended ones included), in seconds.
+
+    Read from each process's CPU-time clock (`clock_gettime` on the clock id Linux derives
+    from the pid, as `clock_getcpuclockid(3)` does): the time `/proc/PID/stat`'s utime +
+    stime count, in nanoseconds instead of 10 ms ticks — scenario a runs nginx for about
+    ten ticks, so ticks alone would move a ratio by 10%. Falls back to `/proc/PID/stat`.
+    """
+    total = 0.0
     for pid in pids:
+        try:
+            total += time.clock_gettime(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, SCHED)
+            continue
+        except OSError:
+            pass
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat(5)
-    return total / TICK
+        total += (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of stat(5)
+    return total
 
 
 def memory_kb(pids: list[int]) -> tuple[int, int]:
