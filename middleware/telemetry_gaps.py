@@ -17,22 +17,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import threading
-
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-)
 
 from middleware import semconv
+from middleware.telemetry_metrics import LocalHistogram
 
 SUB = 8  # log buckets per octave
 # Upper bounds: bucket i holds (BOUNDS[i-1], BOUNDS[i]], as OTel's explicit buckets do; the
 # last bucket holds everything above BOUNDS[-1]. Octaves of 10 ms, so 0.01 * 2**k are bounds.
 BOUNDS = [math.ldexp(1.0 + s / SUB, e) / 100.0 for e in range(-12, 14) for s in range(SUB)]
-_SPEC_BUCKETS = len(semconv.DURATION_BUCKETS) + 1
 _bucket = bisect.bisect_left
 # The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding each log bucket.
 _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, math.inf]]
@@ -100,71 +92,28 @@ def _midpoint(index: int) -> float:
     return (_lower_bound(index) + upper) / 2
 
 
-class _Series:
-    __slots__ = ("count", "counts", "max", "min", "total")
-
-    def __init__(self) -> None:
-        self.counts = [0] * _SPEC_BUCKETS
-        self.count = 0
-        self.total = 0.0
-        self.min = math.inf
-        self.max = 0.0
-
-
-class ChunkHistogram:
-    """Cumulative time-per-output-chunk histogram, one series per attribute set.
-
-    Written from the event loop once per stream, read by the metric reader's thread.
+class ChunkHistogram(LocalHistogram):
+    """`time_per_output_chunk`: each stream's gaps folded in at once, in the conventions'
+    buckets. Written from the event loop once per stream, read by the metric reader's thread.
     """
 
     def __init__(self, start_time_ns: int) -> None:
-        self._start = start_time_ns
-        self._series: dict[tuple[tuple[str, str | int], ...], _Series] = {}
-        self._lock = threading.Lock()
+        super().__init__(
+            semconv.METRIC_TIME_PER_OUTPUT_CHUNK,
+            "s",
+            "Time per output chunk after the first one, chunk end to chunk end.",
+            semconv.DURATION_BUCKETS,
+            start_time_ns,
+        )
 
     def fold(self, gaps: Gaps, attributes: dict[str, str | int]) -> None:
         if not gaps.count:
             return
-        key = tuple(sorted(attributes.items()))
+        counts: dict[int, int] = {}
         buckets = gaps.buckets()
-        low = min(buckets)
-        with self._lock:
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = _Series()
-            for index, n in buckets.items():
-                series.counts[_SPEC_OF[index]] += n
-            series.count += gaps.count
-            series.total += gaps.total
-            series.max = max(series.max, gaps.max)
-            # min is the lower bound of the lowest bucket: within 12.5% below the true one.
-            series.min = min(series.min, _lower_bound(low))
-
-    def metric(self, now_ns: int) -> Metric | None:
-        """The histogram as an SDK `Metric` (for OTLP and Prometheus), None while empty."""
-        with self._lock:
-            points = [
-                HistogramDataPoint(
-                    attributes=dict(key),
-                    start_time_unix_nano=self._start,
-                    time_unix_nano=now_ns,
-                    count=s.count,
-                    sum=s.total,
-                    bucket_counts=list(s.counts),
-                    explicit_bounds=list(semconv.DURATION_BUCKETS),
-                    min=s.min,
-                    max=s.max,
-                )
-                for key, s in self._series.items()
-            ]
-        if not points:
-            return None
-        return Metric(
-            name=semconv.METRIC_TIME_PER_OUTPUT_CHUNK,
-            description="Time per output chunk after the first one, chunk end to chunk end.",
-            unit="s",
-            data=Histogram(
-                data_points=points,
-                aggregation_temporality=AggregationTemporality.CUMULATIVE,
-            ),
-        )
+        for index, n in buckets.items():
+            spec = _SPEC_OF[index]
+            counts[spec] = counts.get(spec, 0) + n
+        # min is the lower bound of the lowest bucket: within 12.5% below the true one.
+        low = _lower_bound(min(buckets))
+        self.merge(attributes, counts, gaps.count, gaps.total, low, gaps.max)

@@ -57,17 +57,30 @@ class LocalHistogram:
         self._lock = threading.Lock()
 
     def record(self, value: float, attributes: Attributes) -> None:
-        key = _key(attributes)
         index = bisect.bisect_left(self.bounds, value)
+        self.merge(attributes, {index: 1}, 1, value, value, value)
+
+    def merge(
+        self,
+        attributes: Attributes,
+        counts: Mapping[int, int],
+        count: int,
+        total: float,
+        low: float,
+        high: float,
+    ) -> None:
+        """Add `count` values summing to `total`, within [low, high], bucketed as `counts`."""
+        key = _key(attributes)
         with self._lock:
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _Buckets(len(self.bounds) + 1)
-            series.counts[index] += 1
-            series.count += 1
-            series.total += value
-            series.min = min(series.min, value)
-            series.max = max(series.max, value)
+            for index, n in counts.items():
+                series.counts[index] += n
+            series.count += count
+            series.total += total
+            series.min = min(series.min, low)
+            series.max = max(series.max, high)
 
     def metric(self, now_ns: int) -> Metric | None:
         with self._lock:
