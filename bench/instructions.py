@@ -6,7 +6,8 @@ Wall-clock CPU on a shared machine moves by ±15% between runs; instruction coun
 so this is the A/B measure for a change to the hot path. User space only: the kernel's
 share (about 10 µs per token for sidestream and nginx alike) is not counted.
 
-How: the emulator runs natively; the sidecar runs under `valgrind --tool=callgrind` with
+Telemetry settings come from the environment as usual (e.g. `OTEL_TRACES_EXPORTER=none`
+to count without spans). How: the emulator runs natively; the sidecar runs under `valgrind --tool=callgrind` with
 instrumentation off until a warm-up is done, then on for one paced load (`bench.loadgen`,
 N streams x T tokens, 20 ms apart, as scenario a); that is repeated for two values of T, and
 the two totals give a line: instructions per token (slope) and per stream (intercept).
@@ -36,9 +37,9 @@ DEFAULT_OTEL = {
 }
 
 
-def loadgen(port: int, streams: int, tokens: int, itl_ms: float) -> None:
+def loadgen(port: int, streams: int, tokens: int, itl_ms: float, stamp: bool = True) -> None:
     cfg = dict(port=port, concurrency=streams, streams=streams, tokens=tokens, itl_ms=itl_ms)
-    cfg |= dict(stamp=True, stagger_s=itl_ms / 1000, start_at=0)
+    cfg |= dict(stamp=stamp, stagger_s=itl_ms / 1000, start_at=0)
     subprocess.run(
         [PY, "-m", "bench.loadgen", json.dumps(cfg)],
         cwd=ROOT,
@@ -47,7 +48,7 @@ def loadgen(port: int, streams: int, tokens: int, itl_ms: float) -> None:
     )
 
 
-def counted(streams: int, tokens: int, otel: bool, workdir: Path) -> int:
+def counted(streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path) -> int:
     """Instructions the sidecar executed during one paced load of streams x tokens."""
     upstream, port, admin, sink = free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "OTEL_SDK_DISABLED": "true"}
@@ -78,7 +79,7 @@ def counted(streams: int, tokens: int, otel: bool, workdir: Path) -> int:
         loadgen(port, 5, 20, 0)  # warm-up: pools, caches, first-use imports
         control = ["callgrind_control"]
         subprocess.run([*control, "-i", "on", str(sidecar.pid)], check=True, capture_output=True)
-        loadgen(port, streams, tokens, 20)
+        loadgen(port, streams, tokens, 20, stamp)
         if otel:
             time.sleep(5.5)  # the span batch of these streams is exported in the window
         subprocess.run([*control, "-i", "off", str(sidecar.pid)], check=True, capture_output=True)
@@ -101,14 +102,19 @@ def main() -> int:
     parser.add_argument("--otel", action="store_true", help="telemetry on (spans + metrics)")
     parser.add_argument("--streams", type=int, default=10)
     parser.add_argument("--tokens", default="100,300", help="two stream lengths, T1,T2")
+    parser.add_argument(
+        "--unstamped",
+        action="store_true",
+        help="chunks without the per-chunk timestamp (a constant tail, as vLLM sends)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)")
         return 2
     short, long = (int(t) for t in args.tokens.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
-        a = counted(args.streams, short, args.otel, Path(tmp))
-        b = counted(args.streams, long, args.otel, Path(tmp))
+        a = counted(args.streams, short, args.otel, not args.unstamped, Path(tmp))
+        b = counted(args.streams, long, args.otel, not args.unstamped, Path(tmp))
     per_token = (b - a) / (args.streams * (long - short))
     per_stream = a / args.streams - short * per_token
     mode = "telemetry on" if args.otel else "telemetry off"

@@ -81,13 +81,14 @@ class Frame:
     `prefix` up to the string's opening quote, `marker` from its closing quote to the end
     of the choices array, `suffix` from that quote to the end of the chunk."""
 
-    __slots__ = ("limit", "marker", "prefix", "suffix")
+    __slots__ = ("limit", "marker", "prefix", "suffix", "tail_len")
 
     def __init__(self, prefix: bytes, marker: bytes, suffix: bytes) -> None:
         self.prefix = prefix
         self.marker = marker
         self.suffix = suffix
         self.limit = 2 * (len(prefix) + len(marker))
+        self.tail_len = len(suffix) - len(marker)
 
     def token(self, body: bytes) -> bool:
         """`body` is one token chunk of this frame: the same prefix, shorter than two events,
@@ -103,13 +104,16 @@ class Frame:
     def _ends(self, body: bytes) -> bool:
         """`body` ends in the marker, then a tail of its own (OpenAI's obfuscation pad, the
         emulator's timestamp) on the same line, with no usage in it."""
-        close = body.rfind(b"}]") + 2
+        marker = self.marker
+        close = len(body) - self.tail_len  # a tail as long as the learned one: the usual case
+        if body[close - len(marker) : close] != marker:
+            close = body.rfind(b"}]") + 2
+            if close <= len(self.prefix) or body[close - len(marker) : close] != marker:
+                return False
         tail = body[close:]
         return (
-            close > len(self.prefix)
-            and body[close - len(self.marker) : close] == self.marker
-            and tail.find(b"\n") == len(tail) - 2
-            and tail.endswith(b"\n\n")
+            tail.find(b"\n") == len(tail) - 2
+            and tail[-1] == 10
             and (
                 not tail.count(b'"usage"') or tail.count(b'"usage"') == tail.count(b'"usage":null')
             )
