@@ -63,7 +63,8 @@ def counted(streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path) -
         procs.append(emulator)
         if otel:
             procs.append(subprocess.Popen([PY, "-m", "bench.sink", str(sink)], cwd=ROOT))
-            env |= DEFAULT_OTEL | {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}"}
+            env = {**DEFAULT_OTEL, **env, "OTEL_SDK_DISABLED": "false"}
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink}"
         wait_port(upstream, emulator)
         out = workdir / f"callgrind.{tokens}.out"
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
