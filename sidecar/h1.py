@@ -149,7 +149,7 @@ class H1Connection(asyncio.Protocol):
                 self.reader = None
                 return
             else:
-                return  # nothing for it yet (a read of chunk framing only): it waits on
+                return  # nothing for it yet (this read held chunk framing only): it waits
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
