@@ -14,11 +14,17 @@ from typing import Any
 
 import pytest
 
+from middleware.cycle import Cycle
 from middleware.guard import StreamGuard
+from middleware.registry import StreamRegistry
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
+from sidecar.config import load
+from sidecar.emulator import Stats, make_app
 from sidecar.h1pool import H1Pool
+from sidecar.server import build_guard
 from tests.apps import SCOPE, SSE_HEADERS, chunk
 from tests.clients import request
+from tests.procs import chat
 from tests.servers import serve
 from tests.sseparse import parse
 from tests.upstreams import RawConnection, RawUpstream
@@ -355,3 +361,44 @@ async def test_upstream_reads_go_to_the_sink_first_and_the_rest_in_order(accept:
         "alternate": ["sink", "iter", "sink", "iter"],
     }[accept]
     assert [source for source, _ in order] == expected
+
+
+# --- the whole sidecar: the push path is the one taken ---------------------------------------
+
+
+async def test_the_sidecar_relays_paced_tokens_from_the_protocol_callback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the real stack (sidecar listener, StreamGuard, proxy, HTTP/1.1 pool, emulator),
+    tokens that arrive one read at a time are written by `send_nowait`, not by waking the
+    request task for `send`: a change that silently loses the fast path fails here."""
+    from middleware.cycle import Cycle
+
+    pushed: list[int] = []
+    sent: list[int] = []
+    nowait, send = Cycle.send_nowait, Cycle.send
+
+    def counting_nowait(self: Cycle, body: bytes) -> bool:
+        taken = nowait(self, body)
+        if taken:
+            pushed.append(len(body))
+        return taken
+
+    async def counting_send(self: Cycle, message: Message) -> None:
+        if message.get("body"):
+            sent.append(len(message["body"]))
+        await send(self, message)
+
+    monkeypatch.setattr(Cycle, "send_nowait", counting_nowait)
+    monkeypatch.setattr(Cycle, "send", counting_send)
+    async with serve(make_app(stats=Stats())) as upstream:
+        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+        async with serve(build_guard(settings, StreamRegistry()), "sidecar") as port:
+            response = await request(
+                port, "POST", "/v1/chat/completions", body=chat(tokens=20, itl_ms=10)
+            )
+            text = await asyncio.wait_for(response.body(), 10)
+            response.close()
+    assert text.endswith(b"data: [DONE]\n\n")
+    assert len(pushed) >= 15, (pushed, sent)  # the first read and the last may go by send
+    assert len(sent) <= 4, (pushed, sent)
