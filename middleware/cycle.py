@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from middleware.dialects import Dialect, StreamStats, select, sniff
@@ -42,6 +43,7 @@ logger = logging.getLogger("sidestream")
 BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
 DISCONNECT: Message = {"type": "http.disconnect"}
+TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 STASH_MESSAGES = 16  # request-body messages held for an app that streams before reading its body
 
 
@@ -67,7 +69,7 @@ class Cycle:
         task = asyncio.current_task()
         assert task is not None, "StreamGuard runs inside a task"
         self.task = task
-        now = self.loop.time()
+        now = monotonic()
         self.started = self.last_chunk = self.last_write = now
         self.first_token_at: float | None = None
         self.sending_since: float | None = None
@@ -129,7 +131,7 @@ class Cycle:
                 task.uncancel()  # the app swallowed our cancellation and returned
         finally:
             self.running = False
-            self.stopped_at = self.loop.time()
+            self.stopped_at = monotonic()
             self._stop_helpers()
             guard.registry.discard(self)
         reason = self.reason
@@ -149,7 +151,7 @@ class Cycle:
     def _abort(self, reason: StreamError | Outcome) -> None:
         if self.reason is None and self.running and not self.complete:
             self.reason = reason
-            self.aborted_at = self.loop.time()
+            self.aborted_at = monotonic()
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
             self.loop.call_soon(self._cancel_app)
 
@@ -285,7 +287,7 @@ class Cycle:
             self._watch()
         start: dict[str, Any] = dict(message)
         start["headers"] = stream_headers(headers, decode=bool(encoding))
-        self.last_write = now = self.loop.time()
+        self.last_write = now = monotonic()
         self._rearm(now)
         await self.downstream(start)
         # Servers that hold headers until the first body byte (hypercorn) send them now.
@@ -306,7 +308,7 @@ class Cycle:
         if self.inflater is not None:
             body = self.inflater.decompress(body) + (b"" if more else self.inflater.flush())
             message = {"type": "http.response.body", "body": body, "more_body": more}
-        now = self.loop.time()
+        now = monotonic()
         if body:
             self.last_chunk = now
             if self.before_body:
@@ -353,7 +355,7 @@ class Cycle:
             or not self.server_nowait(body)
         ):
             return False
-        self.last_chunk = self.last_write = now = self.loop.time()
+        self.last_chunk = self.last_write = now = monotonic()
         if self.stats is not None:
             self._observe(body, now, self.stats)
         elif self.scanner is not None:
@@ -432,7 +434,12 @@ class Cycle:
     # -- the one timer ---------------------------------------------------------------------------
 
     def _arm(self, when: float) -> None:
-        self.timer = self.loop.call_at(when, self._on_timer)
+        # The cycle's clock is time.monotonic: uvloop's loop.time() moves in whole milliseconds,
+        # too coarse for TTFT and inter-token gaps. The timer only needs to be on time to a
+        # millisecond or two; the slack keeps uvloop's rounding from firing it just early.
+        self.timer = self.loop.call_later(
+            max(0.0, when - monotonic()) + TIMER_SLACK, self._on_timer
+        )
 
     def _rearm(self, now: float) -> None:
         if self.timer is not None:
@@ -466,7 +473,7 @@ class Cycle:
         self.timer = None
         if not self.running or self.complete or self.reason is not None:
             return
-        guard, now = self.guard, self.loop.time()
+        guard, now = self.guard, monotonic()
         if guard.max_duration is not None and now >= self.started + guard.max_duration:
             self._abort(MaxDuration())
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) -> None:
     telemetry = record.telemetry
-    end = cycle.loop.time()
+    end = time.monotonic()
     outcome = cycle.outcome
     if isinstance(failure, asyncio.CancelledError):
         failure = None  # the server cancelled the request task: not the app's failure

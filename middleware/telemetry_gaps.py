@@ -44,7 +44,7 @@ class Gaps:
         self.last: float | None = None
 
     def add(self, now: float) -> None:
-        """A content-carrying chunk arrived at `now` (loop clock)."""
+        """A content-carrying chunk arrived at `now` (the cycle's monotonic clock)."""
         last = self.last
         self.last = now
         if last is None:

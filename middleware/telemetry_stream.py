@@ -4,8 +4,8 @@ A `StreamRecord` is made in `Cycle.__init__` (so the span starts at request arri
 explicit timestamp) and finished by `observe` after the cycle has run. Between the two, the
 cycle calls `gaps.add()` (and `capture()` when content capture is on) once per
 content-carrying chunk; nothing else of telemetry runs per chunk. All times
-are read from the loop clock the cycle already keeps and turned into wall-clock nanoseconds
-against the pair (time_ns, loop time) taken at arrival, so span durations and the TTFT
+are read from the monotonic clock the cycle already keeps and turned into wall-clock nanoseconds
+against the pair (time_ns, monotonic) taken at arrival, so span durations and the TTFT
 attribute agree with the cycle's own deadlines.
 """
 
@@ -147,7 +147,7 @@ class StreamRecord:
     # -- the end ------------------------------------------------------------------------------
 
     def ns(self, at: float) -> int:
-        """A loop-clock reading as wall-clock nanoseconds."""
+        """A reading of the cycle's (monotonic) clock as wall-clock nanoseconds."""
         return self.t0_ns + round((at - self.t0) * 1e9)
 
     async def observe(self, cycle: Cycle) -> None:
