@@ -72,6 +72,7 @@ async def serve(
     default_http: Any = {"uvicorn-httptools": "httptools", "uvicorn-h11": "h11"}.get(server)
     if server == "sidecar":  # uvicorn with the sidecar's own protocol, as sidecar.server runs it
         default_http = protocol_class(header_timeout=10.0, max_head_bytes=40960)
+        options = {"server_header": False, "date_header": False, **options}
     http = options.pop("http", default_http)
     uv_config = uvicorn.Config(
         app, http=http, lifespan="auto", log_level="warning", timeout_graceful_shutdown=1, **options

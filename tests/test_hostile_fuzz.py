@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from middleware.guard import StreamGuard
@@ -144,6 +144,13 @@ target = st.one_of(
     headers=st.lists(st.tuples(header_name, header_value), max_size=6),
     body=st.binary(max_size=64),
 )
+@example(  # found by CI: an interim 100 Continue precedes the answer
+    method=b"GET",
+    target=b"/v1/models",
+    version=b"HTTP/1.1",
+    headers=[(b"Expect", b"100-continue")],
+    body=b"",
+)
 def test_any_request_gets_a_clear_answer_and_nothing_ambiguous_is_forwarded(
     sidecar: tuple[int, EchoUpstream],
     method: bytes,
@@ -161,6 +168,10 @@ def test_any_request_gets_a_clear_answer_and_nothing_ambiguous_is_forwarded(
     if answer is None:
         assert awaits_body(headers, body), raw  # silent only while a declared body is missing
     elif answer:
+        # An interim `100 Continue` (the client sent `Expect: 100-continue` and the proxy read
+        # the body) may come first; the final answer follows it.
+        while answer.startswith(b"HTTP/1.1 1") and b"\r\n\r\n" in answer:
+            answer = answer.split(b"\r\n\r\n", 1)[1]
         assert answer.startswith(b"HTTP/1.1 "), answer[:80]
         assert int(answer[9:12]) in ALLOWED, answer[:200]
     for seen in list(upstream.seen):
