@@ -294,8 +294,9 @@ class Cycle:
         await self.downstream({"type": "http.response.body", "body": b"", "more_body": True})
 
     async def send(self, message: Message) -> None:
-        """The app's `send`. The relay of a stream's body chunk is written out here, not in
-        a helper: it runs once per token, and a coroutine call per token is measurable."""
+        """The app's `send`. A stream's body chunk is relayed here, not in a coroutine helper:
+        a coroutine call per chunk is measurable (the accounting, a plain call, is shared
+        with `send_nowait`)."""
         if not self.streaming or message["type"] != "http.response.body":
             await self._send_other(message)
             return
@@ -310,22 +311,13 @@ class Cycle:
             message = {"type": "http.response.body", "body": body, "more_body": more}
         now = monotonic()
         if body:
-            self.last_chunk = now
             if self.before_body:
                 self.before_body = False
                 if self.wrote_before_body and body.startswith(BOM):
                     # A BOM is only a BOM at the start of the stream; a keep-alive went first.
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
-            if self.stats is not None:
-                self._observe(body, now, self.stats)
-            elif self.scanner is not None:
-                self._scan(body, now)
-            elif self.first_token_at is None:
-                self.first_token_at = now
-            self.line_state = advance(self.line_state, body)
-            self.chunks += 1
-            self.bytes += len(body)
+            self._relayed(body, now)
         if not more:
             self.complete = True
             self.completed_at = now
@@ -355,17 +347,23 @@ class Cycle:
             or not self.server_nowait(body)
         ):
             return False
-        self.last_chunk = self.last_write = now = monotonic()
+        self.last_write = now = monotonic()
+        self._relayed(body, now)
+        return True
+
+    def _relayed(self, body: bytes, now: float) -> None:
+        """Account for a body chunk given to the server (by `send` or `send_nowait`): the
+        idle clock, the first token or telemetry, the SSE line state, the counts."""
+        self.last_chunk = now
         if self.stats is not None:
             self._observe(body, now, self.stats)
         elif self.scanner is not None:
             self._scan(body, now)
-        self.line_state = (
-            LineState.EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
-        )
+        elif self.first_token_at is None:
+            self.first_token_at = now
+        self.line_state = advance(self.line_state, body)
         self.chunks += 1
         self.bytes += len(body)
-        return True
 
     def _scan(self, body: bytes, now: float) -> None:
         assert self.scanner is not None
