@@ -90,16 +90,20 @@ class Frame:
         self.limit = 2 * (len(prefix) + len(marker))
         self.tail_len = len(suffix) - len(marker)
 
-    def token(self, body: bytes) -> bool:
-        """`body` is one token chunk of this frame: the same prefix, shorter than two events,
-        content not empty (so a token, whatever else the delta holds), then the same suffix
-        or the marker and a tail of its own."""
-        return (
+    def count(self, body: bytes, stats: StreamStats) -> bool:
+        """Count `body` as one event and one token if it is a token chunk of this frame: the
+        same prefix, shorter than two events, content not empty (so a token, whatever else
+        the delta holds), then the same suffix or the marker and a tail of its own."""
+        if (
             body.startswith(self.prefix)
             and len(body) < self.limit
             and body[len(self.prefix)] != 34  # not the closing quote of ""
             and (body.endswith(self.suffix) or self._ends(body))
-        )
+        ):
+            stats.events += 1
+            stats.tokens += 1
+            return True
+        return False
 
     def _ends(self, body: bytes) -> bool:
         """`body` ends in the marker, then a tail of its own (OpenAI's obfuscation pad, the
@@ -231,9 +235,7 @@ class OpenAIChat(Dialect):
         content included, takes the checks below.
         """
         frame = stats.frame
-        if frame is not None and frame.token(body):
-            stats.events += 1
-            stats.tokens += 1
+        if frame is not None and frame.count(body, stats):
             return True
         if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
             return False  # the first event is parsed whole (id, model)
