@@ -6,8 +6,9 @@ c. idle: N open streams, one token every 5 s — all open and flowing? RSS per s
 d. cancel: clients close after 10 of 1,000 tokens — delay until the emulator sees the close.
 e. connect: sequential new connections, one token each — TTFT.
 
-CPU is the proxy tree's utime+stime across the load run (the proxy idles before and after),
-and for sidestream+otel also the span exporter's next batch after it (`Session.settle_s`).
+CPU is the proxy tree's CPU time (`procstat.cpu_seconds`) across the load run (the proxy
+idles before and after), and for sidestream+otel also the span exporter's next batch after
+it (`Session.settle_s`).
 Latency and TTFT are absolute here; `report` subtracts `direct` within the same repetition.
 """
 

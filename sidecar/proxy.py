@@ -193,10 +193,8 @@ class ProxyApp:
         )
         inject_trace_context(upstream_headers)
         body = await self._body(client_headers, declared, receive, upstream_headers)
-        extensions = scope.get("extensions")
-        nowait = extensions.get(SEND_NOWAIT) if extensions else None
-        if nowait is not None:
-            nowait = nowait["send"]
+        offer = scope.get("extensions", {}).get(SEND_NOWAIT)
+        nowait = offer["send"] if offer is not None else None
         try:
             with map_exceptions():
                 exchange = self.pool.exchange(

@@ -29,7 +29,7 @@ from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
 from sidecar.config import Settings
-from sidecar.inbound import protocol_class
+from sidecar.inbound import GuardedHttpToolsProtocol, protocol_class
 from sidecar.proxy import ProxyApp
 
 logger = logging.getLogger("sidestream")
@@ -170,6 +170,11 @@ def raise_nofile_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def traffic_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
+    """The traffic listener's HTTP/1.1 protocol for these settings (`sidecar.inbound`)."""
+    return protocol_class(settings.header_timeout, settings.max_header_bytes + HEAD_SLACK_BYTES)
+
+
 def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = None) -> StreamGuard:
     proxy = ProxyApp(
         settings.upstream,
@@ -234,7 +239,7 @@ class Sidecar:
                     self.guard,
                     s.listen,
                     backlog=4096,
-                    http=protocol_class(s.header_timeout, s.max_header_bytes + HEAD_SLACK_BYTES),
+                    http=traffic_protocol(s),
                     ssl_certfile=s.certfile,
                     ssl_keyfile=s.keyfile,
                 )

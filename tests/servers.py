@@ -16,7 +16,8 @@ from typing import Any, Literal
 import uvicorn
 
 from middleware.types import ASGIApp
-from sidecar.inbound import protocol_class
+from sidecar.config import load
+from sidecar.server import traffic_protocol
 
 Server = Literal["uvicorn-httptools", "uvicorn-h11", "hypercorn", "sidecar"]
 SERVERS: tuple[Server, ...] = ("uvicorn-httptools", "uvicorn-h11", "hypercorn")
@@ -70,8 +71,8 @@ async def serve(
         return
 
     default_http: Any = {"uvicorn-httptools": "httptools", "uvicorn-h11": "h11"}.get(server)
-    if server == "sidecar":  # uvicorn with the sidecar's own protocol, as sidecar.server runs it
-        default_http = protocol_class(header_timeout=10.0, max_head_bytes=40960)
+    if server == "sidecar":  # uvicorn with the sidecar's protocol and defaults, as it runs them
+        default_http = traffic_protocol(load(["--upstream", "http://127.0.0.1:1"], environ={}))
         options = {"server_header": False, "date_header": False, **options}
     http = options.pop("http", default_http)
     uv_config = uvicorn.Config(
