@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.targets import PY, ROOT, free_port, wait_port
+from bench.targets import BSP_DELAY_S, PY, ROOT, free_port, wait_export, wait_port
 
 DEFAULT_OTEL = {
     "OTEL_SDK_DISABLED": "false",
@@ -78,6 +78,8 @@ def counted(streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path) -
         wait_port(port, sidecar, timeout=300)
         wait_port(admin, sidecar, timeout=60)
         loadgen(port, 5, 20, 0)  # warm-up: pools, caches, first-use imports
+        if otel:  # and the first export (the exporter's imports and connection), as in the bench
+            wait_export(sink, 0, 60 * BSP_DELAY_S)  # callgrind runs the sidecar ~50x slower
         control = ["callgrind_control"]
         subprocess.run([*control, "-i", "on", str(sidecar.pid)], check=True, capture_output=True)
         loadgen(port, streams, tokens, 20, stamp)
@@ -104,6 +106,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=10)
     parser.add_argument("--tokens", default="100,300", help="two stream lengths, T1,T2")
     parser.add_argument(
+        "--keep", type=Path, help="keep the callgrind outputs here (for callgrind_annotate)"
+    )
+    parser.add_argument(
         "--unstamped",
         action="store_true",
         help="chunks without the per-chunk timestamp (a constant tail, as vLLM sends)",
@@ -114,8 +119,10 @@ def main() -> int:
         return 2
     short, long = (int(t) for t in args.tokens.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
-        a = counted(args.streams, short, args.otel, not args.unstamped, Path(tmp))
-        b = counted(args.streams, long, args.otel, not args.unstamped, Path(tmp))
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        a = counted(args.streams, short, args.otel, not args.unstamped, workdir)
+        b = counted(args.streams, long, args.otel, not args.unstamped, workdir)
     per_token = (b - a) / (args.streams * (long - short))
     per_stream = a / args.streams - short * per_token
     mode = "telemetry on" if args.otel else "telemetry off"

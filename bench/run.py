@@ -9,7 +9,6 @@ rotated by one per repetition. The report goes to stdout and `bench/results/<tim
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -23,13 +22,11 @@ from typing import Any
 
 from bench import report, scenarios
 from bench.targets import (
-    BSP_DELAY_S,
     LOAD_CORES,
     PROXY_CORES,
     PY,
     ROOT,
     TARGETS,
-    fetch,
     free_port,
     nginx_binary,
     pin,
@@ -61,20 +58,10 @@ def rotate(items: list[str], n: int) -> list[str]:
     return items[n:] + items[:n]
 
 
-def sink_counts(port: int) -> int:
-    return sum(json.loads(fetch(port, "/count")).values())
-
-
 def telemetry_wired(sink_port: int) -> bool:
     """Run a few streams through sidestream with telemetry on; did the sink get exports?"""
-    before = sink_counts(sink_port)
-    with session("sidestream+otel", sink_port):
-        deadline = time.monotonic() + BSP_DELAY_S + 3.0  # the span batch goes out by then
-        while time.monotonic() < deadline:
-            if sink_counts(sink_port) > before:
-                return True
-            time.sleep(0.25)
-    return sink_counts(sink_port) > before
+    with session("sidestream+otel", sink_port) as s:
+        return s.exported
 
 
 def run_streams(target: str, sink_port: int, mode: Mode) -> dict[str, Any]:

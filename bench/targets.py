@@ -13,6 +13,7 @@ HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.p
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -68,6 +69,21 @@ def fetch(port: int, path: str, timeout: float = 5.0) -> bytes:
     return data.split(b"\r\n\r\n", 1)[1]
 
 
+def sink_exports(port: int) -> int:
+    """How many exports (all signals) the bench's OTLP sink has received so far."""
+    return sum(json.loads(fetch(port, "/count")).values())
+
+
+def wait_export(sink_port: int, before: int, timeout: float) -> bool:
+    """Wait until the sink has received more than `before` exports; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while sink_exports(sink_port) <= before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+    return True
+
+
 def warm_up(port: int, n: int = 20) -> None:
     """A few short streams through the target so pools and caches are warm before measuring."""
     body = b'{"model":"emulator","messages":[{"role":"user","content":"hi"}],"stream":true}'
@@ -108,6 +124,7 @@ class Session:
     port: int = 0
     proxy: subprocess.Popen[bytes] | None = None
     settle_s: float = 0.0  # idle time after a load that still belongs to its CPU window
+    exported: bool = False  # sidestream+otel: the warm-up's spans reached the sink
 
     def spawn(
         self, name: str, argv: list[str], cores: set[int], env: dict[str, str] | None = None
@@ -132,6 +149,8 @@ class Session:
         return tree(self.proxy.pid) if self.proxy is not None else []
 
     def start(self) -> None:
+        otel = self.target == "sidestream+otel"
+        before = sink_exports(self.sink_port) if otel else 0
         self.upstream_port = free_port()
         emulator = self.spawn(
             "emulator",
@@ -149,6 +168,11 @@ class Session:
             self.proxy = start()
             wait_port(self.port, self.proxy)
         warm_up(self.port)
+        if otel:
+            # Measure the steady state of a sidecar that has been up a while: the first export
+            # (lazy imports, the exporter's connection) goes out with the warm-up's spans,
+            # before any scenario's CPU window opens.
+            self.exported = wait_export(self.sink_port, before, BSP_DELAY_S + 3.0)
 
     def _start_sidestream(self, otel: bool = False) -> subprocess.Popen[bytes]:
         if otel:

@@ -36,6 +36,7 @@ from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNow
 
 if TYPE_CHECKING:
     from middleware.guard import StreamGuard
+    from middleware.telemetry_gaps import Gaps
     from middleware.telemetry_stream import StreamRecord
 
 logger = logging.getLogger("sidestream")
@@ -44,6 +45,7 @@ BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
 DISCONNECT: Message = {"type": "http.disconnect"}
 TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
+EVENT = LineState.EVENT  # the hot path compares against a module global, not a class attribute
 STASH_MESSAGES = 16  # request-body messages held for an app that streams before reading its body
 
 
@@ -90,6 +92,7 @@ class Cycle:
         self.scanner: SSEScanner | None = None
         self.dialect: Dialect | None = None
         self.stats: StreamStats | None = None
+        self.gaps: Gaps | None = None  # telemetry on: the record's inter-token gaps
         self.inflater: Inflater | None = None
         self.before_body = True  # no body byte relayed yet
         self.wrote_before_body = False
@@ -280,6 +283,7 @@ class Cycle:
             self.dialect = select(self.scope.get("path", ""))
             if self.record is not None:
                 self.stats = StreamStats()  # observe every event, not only up to the first token
+                self.gaps = self.record.gaps
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.
@@ -355,8 +359,21 @@ class Cycle:
         """Account for a body chunk given to the server (by `send` or `send_nowait`): the
         idle clock, the first token or telemetry, the SSE line state, the counts."""
         self.last_chunk = now
-        if self.stats is not None:
-            self._observe(body, now, self.stats)
+        stats = self.stats
+        if stats is not None:
+            # Telemetry on. The usual token chunk, once the stream's frame is known (learned by
+            # count_chunk, never with content capture on), is counted and timed right here:
+            # one call per token, its time kept for the gaps (folded in batches, in C).
+            frame = stats.frame
+            if frame is not None and self.line_state is EVENT and frame.count(body, stats):
+                gaps = self.gaps
+                assert gaps is not None
+                times = gaps.times
+                times.append(now)
+                if len(times) >= gaps.FOLD_AT:
+                    gaps.fold()
+            else:
+                self._observe(body, now, stats)
         elif self.scanner is not None:
             self._scan(body, now)
         elif self.first_token_at is None:
@@ -387,13 +404,6 @@ class Cycle:
         """
         record = self.record
         assert record is not None
-        # The usual token chunk, once the stream's frame is known: counted here rather than
-        # through count_chunk (which checks the frame first too), a call less per token. The
-        # frame is learned by count_chunk, never with content capture on.
-        frame = stats.frame
-        if frame is not None and self.line_state is LineState.EVENT and frame.count(body, stats):
-            record.gaps.add(now)
-            return
         dialect = self.dialect
         if dialect is not None and self.line_state is LineState.EVENT and record.text is None:
             tokens = stats.tokens

@@ -81,47 +81,49 @@ class Frame:
     `prefix` up to the string's opening quote, `marker` from its closing quote to the end
     of the choices array, `suffix` from that quote to the end of the chunk."""
 
-    __slots__ = ("limit", "marker", "prefix", "suffix", "tail_len")
+    __slots__ = ("limit", "marker", "prefix", "start", "suffix", "tail_len", "varies")
 
     def __init__(self, prefix: bytes, marker: bytes, suffix: bytes) -> None:
         self.prefix = prefix
+        self.start = len(prefix)  # the content string's first byte
         self.marker = marker
         self.suffix = suffix
         self.limit = 2 * (len(prefix) + len(marker))
         self.tail_len = len(suffix) - len(marker)
+        self.varies = False  # a token chunk has had a tail other than the learned one
 
     def count(self, body: bytes, stats: StreamStats) -> bool:
         """Count `body` as one event and one token if it is a token chunk of this frame: the
         same prefix, shorter than two events, content not empty (so a token, whatever else
-        the delta holds), then the same suffix or the marker and a tail of its own."""
-        if (
+        the delta holds), then the same suffix or the marker and a tail of its own (OpenAI's
+        obfuscation pad, the emulator's timestamp) on the same line, with no usage in it.
+        Runs once per relayed token: one call, the usual tail decided without another."""
+        if not (
             body.startswith(self.prefix)
             and len(body) < self.limit
-            and body[len(self.prefix)] != 34  # not the closing quote of ""
-            and (body.endswith(self.suffix) or self._ends(body))
+            and body[self.start] != 34  # not the closing quote of ""
         ):
-            stats.events += 1
-            stats.tokens += 1
-            return True
-        return False
-
-    def _ends(self, body: bytes) -> bool:
-        """`body` ends in the marker, then a tail of its own (OpenAI's obfuscation pad, the
-        emulator's timestamp) on the same line, with no usage in it."""
-        marker = self.marker
-        close = len(body) - self.tail_len  # a tail as long as the learned one: the usual case
-        if body[close - len(marker) : close] != marker:
-            close = body.rfind(b"}]") + 2
-            if close <= len(self.prefix) or body[close - len(marker) : close] != marker:
+            return False
+        if self.varies or not body.endswith(self.suffix):
+            marker = self.marker
+            close = len(body) - self.tail_len  # a tail as long as the learned one: the usual
+            if body[close - len(marker) : close] != marker:
+                close = body.rfind(b"}]") + 2
+                if close <= self.start or body[close - len(marker) : close] != marker:
+                    return False
+            tail = body[close:]
+            if (
+                tail.find(b"\n") != len(tail) - 2
+                or tail[-1] != 10
+                or (
+                    tail.count(b'"usage"') and tail.count(b'"usage"') != tail.count(b'"usage":null')
+                )
+            ):
                 return False
-        tail = body[close:]
-        return (
-            tail.find(b"\n") == len(tail) - 2
-            and tail[-1] == 10
-            and (
-                not tail.count(b'"usage"') or tail.count(b'"usage"') == tail.count(b'"usage":null')
-            )
-        )
+            self.varies = True  # a tail per chunk: check it first from now on
+        stats.events += 1
+        stats.tokens += 1
+        return True
 
 
 def _identify(obj: dict[str, Any], stats: StreamStats) -> None:

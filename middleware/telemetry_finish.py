@@ -67,6 +67,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
 
     stats = cycle.stats
     gaps = record.gaps
+    gaps.fold()  # the chunk times not folded yet
     streaming = cycle.streaming
     dialect = cycle.dialect or record.genai
     genai = record.genai is not None or streaming

@@ -1,9 +1,9 @@
 """Inter-token gaps: a per-stream log-bucket histogram and the process-wide chunk histogram.
 
 `Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: counts in
-fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s, found by
-one `bisect` — no log, no allocation per token. Percentiles are read from it once, at the
-stream's end.
+fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s. Per chunk
+it costs one array append; the bucket search (`bisect`, no log) runs in batches, in C.
+Percentiles are read from it once, at the stream's end.
 
 `ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
 record once per chunk. An SDK `Histogram.record` costs ~10 µs — more than the whole relay of
@@ -15,8 +15,12 @@ log bucket lies inside exactly one of their buckets.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
+from array import array
+from collections import Counter
+from operator import sub
 
 from middleware import semconv
 from middleware.telemetry_metrics import LocalHistogram
@@ -25,17 +29,26 @@ SUB = 8  # log buckets per octave
 # Upper bounds: bucket i holds (BOUNDS[i-1], BOUNDS[i]], as OTel's explicit buckets do; the
 # last bucket holds everything above BOUNDS[-1]. Octaves of 10 ms, so 0.01 * 2**k are bounds.
 BOUNDS = [math.ldexp(1.0 + s / SUB, e) / 100.0 for e in range(-12, 14) for s in range(SUB)]
-_bucket = bisect.bisect_left
+_bucket_of = functools.partial(bisect.bisect_left, BOUNDS)
 # The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding each log bucket.
 _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, math.inf]]
 
 
 class Gaps:
-    """Time between consecutive content-carrying chunks of one stream, in seconds."""
+    """Time between consecutive content-carrying chunks of one stream, in seconds.
 
-    __slots__ = ("count", "counts", "first", "last", "max", "total")
+    Per chunk only its time is kept (`times`, an array the cycle appends to directly); every
+    `FOLD_AT` times, and before anything is read, the batch is folded into the buckets by a
+    few calls that loop in C (differences, bucket search, counting). Memory stays bounded:
+    at most `FOLD_AT` doubles plus the buckets. `count`, `total`, `max`, `first` and `last`
+    are current after `fold()` (the readers below fold first).
+    """
+
+    __slots__ = ("count", "counts", "first", "last", "max", "times", "total")
+    FOLD_AT = 256  # chunk times kept before folding: 2 KB per stream at most
 
     def __init__(self) -> None:
+        self.times = array("d")  # chunk times not folded yet
         self.counts: list[int] = []  # one per bucket from the first gap on
         self.count = 0
         self.total = 0.0
@@ -45,27 +58,44 @@ class Gaps:
 
     def add(self, now: float) -> None:
         """A content-carrying chunk arrived at `now` (the cycle's monotonic clock)."""
-        last = self.last
-        self.last = now
-        if last is None:
-            self.first = now
+        times = self.times
+        times.append(now)
+        if len(times) >= self.FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Turn the times kept so far into gaps in the buckets (see the class docstring)."""
+        times = self.times
+        if not times:
             return
-        gap = now - last
+        last = self.last
+        if last is None:
+            self.first = times[0]
+            gaps = list(map(sub, times[1:], times))
+        else:
+            gaps = list(map(sub, times, itertools.chain((last,), times)))
+        self.last = times[-1]
+        del times[:]
+        if not gaps:
+            return
         if not self.count:
             self.counts = [0] * (len(BOUNDS) + 1)
-        self.count += 1
-        self.total += gap
-        if gap > self.max:
-            self.max = gap
-        self.counts[_bucket(BOUNDS, gap)] += 1
+        self.count += len(gaps)
+        self.total += sum(gaps)
+        self.max = max(self.max, max(gaps))
+        counts = self.counts
+        for index, n in Counter(map(_bucket_of, gaps)).items():
+            counts[index] += n
 
     def buckets(self) -> dict[int, int]:
         """The non-empty buckets: index -> count (the scan runs in C: few are non-empty)."""
+        self.fold()
         counts = self.counts
         return {i: counts[i] for i in itertools.compress(range(len(counts)), counts)}
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""
+        self.fold()
         if not self.count:
             return None
         rank = max(1, math.ceil(q * self.count))
@@ -78,6 +108,7 @@ class Gaps:
 
     def tokens_per_second(self) -> float | None:
         """Content chunks per second after the first one (None with fewer than two)."""
+        self.fold()
         if self.first is None or self.last is None or self.last <= self.first:
             return None
         return self.count / (self.last - self.first)
@@ -107,6 +138,7 @@ class ChunkHistogram(LocalHistogram):
         )
 
     def fold(self, gaps: Gaps, attributes: dict[str, str | int]) -> None:
+        gaps.fold()
         if not gaps.count:
             return
         counts: dict[int, int] = {}

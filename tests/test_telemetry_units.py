@@ -3,6 +3,7 @@ content extraction, and the standard names against opentelemetry-semantic-conven
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 
@@ -21,7 +22,7 @@ from opentelemetry.semconv.attributes import (
 from middleware import semconv
 from middleware.sse import Event
 from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
-from middleware.telemetry_gaps import ChunkHistogram, Gaps
+from middleware.telemetry_gaps import BOUNDS, ChunkHistogram, Gaps
 
 
 def ev(data: str, event: str = "message") -> Event:
@@ -53,10 +54,32 @@ def test_gap_quantiles_are_within_one_bucket_of_the_exact_ones() -> None:
 
 
 def test_gap_memory_is_bounded_whatever_the_stream_length() -> None:
-    """O(1) memory: a million gaps over six decades still fit in a few hundred buckets."""
+    """O(1) memory: 100,000 gaps over six decades fit in a few hundred buckets, plus at most
+    FOLD_AT chunk times not folded yet."""
     rng = random.Random(1)
     gaps = gaps_of([10 ** rng.uniform(-6, 0) for _ in range(100_000)])
+    assert len(gaps.times) < Gaps.FOLD_AT
+    gaps.fold()
     assert len(gaps.counts) < 8 * 30 and gaps.count == 100_000
+
+
+def test_folding_in_batches_counts_every_gap_in_its_own_bucket() -> None:
+    """Chunk times are folded FOLD_AT at a time (and on read): the buckets, count, total and
+    max are those of every gap bucketed one by one, across batch edges included."""
+    rng = random.Random(3)
+    values = [rng.lognormvariate(-4, 2) for _ in range(3 * Gaps.FOLD_AT + 17)]
+    gaps = gaps_of(values)
+    expected: dict[int, int] = {}
+    for value in values:
+        index = bisect.bisect_left(BOUNDS, value)
+        expected[index] = expected.get(index, 0) + 1
+    # The same gaps, one bucket off at most where float rounding of the times moved a gap
+    # across a bound; the totals are exact.
+    got = gaps.buckets()
+    assert sum(got.values()) == gaps.count == len(values)
+    moved = sum(abs(got.get(i, 0) - n) for i, n in expected.items())
+    assert moved <= 2
+    assert gaps.max == pytest.approx(max(values)) and gaps.total == pytest.approx(sum(values))
 
 
 def test_zero_gaps_and_single_tokens() -> None:
