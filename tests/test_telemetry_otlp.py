@@ -13,21 +13,35 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+import hypothesis.strategies as st
+from hypothesis import given, settings
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    set_span_in_context,
+)
+from opentelemetry.trace.span import TraceState
 
 from middleware import semconv
 from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry
+from middleware.telemetry_otlp import OTLPSpanExporter, encode_spans
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
@@ -107,11 +121,13 @@ def body(tokens: int, ttft_ms: int, itl_ms: int) -> bytes:
 
 async def test_spans_arrive_over_otlp_http_with_their_attributes() -> None:
     """A completed, a cancelled and a timed-out stream reach a real OTLP/HTTP receiver as
-    protobuf, one span each, with kind CLIENT, the outcome, GenAI usage and error status."""
+    protobuf, one span each, with kind CLIENT, the outcome, GenAI usage and error status.
+    The exporter is sidestream's (the SDK's, with the fast encoder), on its fast path."""
     receiver = Receiver()
     async with serve(receiver) as otlp_port:
         provider = TracerProvider()
         exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces")
+        assert exporter.fast, "the installed SDK's exporter layout changed: fast path lost"
         provider.add_span_processor(BatchSpanProcessor(exporter))
         telemetry = Telemetry(tracer_provider=provider, span_kind=SpanKind.CLIENT)
         async with sidecar(telemetry, make_app(stats=Stats()), first_token_timeout=0.3) as port:
@@ -203,3 +219,80 @@ async def test_without_telemetry_the_clients_traceparent_passes_through() -> Non
         finally:
             await proxy.aclose()
     assert header(echo.seen[0], "traceparent") == [inbound]
+
+
+# --- the fast encoder writes exactly what the SDK's encoder writes ---------------------------
+
+scalars = st.one_of(
+    st.text(max_size=20),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+)
+values = st.one_of(
+    scalars,
+    st.lists(st.text(max_size=5), max_size=3).map(tuple),
+    st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=3).map(tuple),
+    st.lists(st.floats(allow_nan=False), max_size=3).map(tuple),
+    st.lists(st.booleans(), max_size=3).map(tuple),
+)
+attribute_sets = st.dictionaries(st.text(min_size=1, max_size=12), values, max_size=8)
+
+
+def sdk_spans(attrs: list[dict[str, Any]], remote_parent: bool) -> list[Any]:
+    """Finished SDK spans covering every field the encoder writes: two resources and two
+    scopes, a remote and a local parent, trace state, events, links, error status."""
+    exported = InMemorySpanExporter()
+    spans = []
+    for i, resource in enumerate([Resource.create({"service.name": "a"}), Resource({"r": 1})]):
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(SimpleSpanProcessor(exported))
+        for scope in ("sidestream", "other"):
+            tracer = provider.get_tracer(scope, "1.0", schema_url="https://x/1" if i else None)
+            parent = SpanContext(
+                0x1234 + i,
+                0x99,
+                is_remote=remote_parent,
+                trace_flags=TraceFlags(1),
+                trace_state=TraceState([("k", "v")]) if i else None,
+            )
+            ctx = set_span_in_context(NonRecordingSpan(parent))
+            link = Link(SpanContext(7, 8, is_remote=True), attributes=attrs[0])
+            span = tracer.start_span(
+                f"chat {scope}",
+                context=ctx if i else None,
+                kind=SpanKind.CLIENT if i else SpanKind.SERVER,
+                attributes=attrs[0],
+                links=[link] if i else [],
+                start_time=1_700_000_000_000_000_000,
+            )
+            span.set_attributes(attrs[1])
+            span.add_event("gen_ai.first_chunk", attrs[1], timestamp=1_700_000_000_100_000_000)
+            if i:
+                span.set_status(Status(StatusCode.ERROR, "idle_timeout"))
+            span.end(end_time=1_700_000_001_000_000_000)
+            spans.append(span)
+    return list(exported.get_finished_spans())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(attribute_sets, min_size=2, max_size=2), st.booleans())
+def test_the_fast_encoder_writes_what_the_sdk_encoder_writes(
+    attrs: list[dict[str, Any]], remote_parent: bool
+) -> None:
+    """Parsed with the official classes, the fast encoder's request equals the SDK's for
+    spans with every attribute type, events, links, parents, trace state and status."""
+    spans = sdk_spans(attrs, remote_parent)
+    ours = ExportTraceServiceRequest.FromString(encode_spans(spans))
+    assert ours == sdk_encode(spans)
+
+
+def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
+    """Strings, resources and scopes come from the encoder's caches on the second batch:
+    the bytes are the same as the first time."""
+    from middleware.telemetry_otlp import _Encoder
+
+    spans = sdk_spans([{"a": "x", "b": 1}, {"c": "y"}], remote_parent=True)
+    encoder = _Encoder()
+    first = encoder.request(spans)
+    assert encoder.request(spans) == first == encode_spans(spans)
