@@ -296,3 +296,23 @@ def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
     encoder = _Encoder()
     first = encoder.request(spans)
     assert encoder.request(spans) == first == encode_spans(spans)
+
+
+async def test_a_batch_the_fast_encoder_cannot_write_goes_out_through_the_sdks_encoder(
+    monkeypatch: Any,
+) -> None:
+    """Never lose a batch to the encoder: when it raises, the exporter logs it and sends the
+    batch with the SDK's own encoding; the receiver gets every span."""
+    receiver = Receiver()
+    async with serve(receiver) as otlp_port:
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces")
+
+        def broken(spans: Any) -> bytes:
+            raise ValueError("boom")
+
+        monkeypatch.setattr(exporter._encoder, "request", broken)
+        spans = sdk_spans([{"a": "x"}, {"b": 2}], remote_parent=False)
+        result = await asyncio.to_thread(exporter.export, spans)
+        exporter.shutdown()
+    assert result.name == "SUCCESS"
+    assert sorted(s.name for s in receiver.spans) == sorted(s.name for s in spans)
