@@ -178,7 +178,10 @@ class _Encoder:
             parts.append(b"\x39" + _fixed64(span.start_time))
         if span.end_time:
             parts.append(b"\x41" + _fixed64(span.end_time))
-        parts.append(self.attributes(b"\x4a", span.attributes))
+        # ReadableSpan.attributes wraps the SDK's BoundedAttributes in a MappingProxyType, which
+        # items() walks in Python; the dict inside is read where the SDK has one.
+        inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+        parts.append(self.attributes(b"\x4a", span.attributes if inner is None else inner))
         if span.dropped_attributes:
             parts.append(b"\x50" + _varint(span.dropped_attributes))
         for event in span.events:
