@@ -378,7 +378,8 @@ class Cycle:
             self._scan(body, now)
         elif self.first_token_at is None:
             self.first_token_at = now
-        self.line_state = advance(self.line_state, body)
+        # The usual chunk ends an event: the automaton's first rule, without the call.
+        self.line_state = EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
         self.chunks += 1
         self.bytes += len(body)
 
