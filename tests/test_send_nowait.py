@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 import pytest
@@ -402,3 +403,50 @@ async def test_the_sidecar_relays_paced_tokens_from_the_protocol_callback(
     assert text.endswith(b"data: [DONE]\n\n")
     assert len(pushed) >= 15, (pushed, sent)  # the first read and the last may go by send
     assert len(sent) <= 4, (pushed, sent)
+
+
+@pytest.mark.parametrize("stamp", [False, True], ids=["vllm-tail", "stamped-tail"])
+async def test_with_telemetry_paced_tokens_are_counted_by_the_learned_frame(
+    monkeypatch: pytest.MonkeyPatch, stamp: bool
+) -> None:
+    """Telemetry's per-token work through the real stack is one check against the stream's
+    learned frame: the slow path (`Cycle._observe`: scanner, JSON) runs only for the first
+    chunks and the end, whether each chunk's tail is the same (vLLM) or changes (the
+    emulator's timestamp, OpenAI's obfuscation). A change that loses the fast path — and
+    quietly multiplies telemetry's cost per token — fails here; the counts stay exact."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from middleware.telemetry import Telemetry
+    from middleware.telemetry_stream import StreamRecord
+
+    slow: list[int] = []
+    observe = Cycle._observe
+
+    def counting(self: Cycle, body: bytes, now: float, stats: Any) -> None:
+        slow.append(len(body))
+        observe(self, body, now, stats)
+
+    records: list[StreamRecord] = []
+    monkeypatch.setattr(Cycle, "_observe", counting)
+    telemetry = Telemetry(metric_readers=[InMemoryMetricReader()])
+    record = telemetry.record
+    monkeypatch.setattr(
+        telemetry, "record", lambda cycle: records.append(record(cycle)) or records[-1]
+    )
+    body = json.loads(chat(tokens=30, itl_ms=5))
+    body["sidestream"]["stamp"] = stamp
+    async with serve(make_app(stats=Stats())) as upstream:
+        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+        guard = build_guard(settings, StreamRegistry(), telemetry)
+        async with serve(guard, "sidecar") as port:
+            response = await request(
+                port, "POST", "/v1/chat/completions", body=json.dumps(body).encode()
+            )
+            text = await asyncio.wait_for(response.body(), 10)
+            response.close()
+    assert text.endswith(b"data: [DONE]\n\n")
+    assert (b'"sidestream_sent_ns"' in text) is stamp
+    assert len(slow) <= 4, slow  # role chunk, the first token (learns the frame), the end
+    (stream,) = records
+    stream.gaps.fold()
+    assert stream.gaps.count == 29  # every token's time kept: 30 tokens, 29 gaps
