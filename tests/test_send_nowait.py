@@ -429,10 +429,13 @@ async def test_with_telemetry_paced_tokens_are_counted_by_the_learned_frame(
     records: list[StreamRecord] = []
     monkeypatch.setattr(Cycle, "_observe", counting)
     telemetry = Telemetry(metric_readers=[InMemoryMetricReader()])
-    record = telemetry.record
-    monkeypatch.setattr(
-        telemetry, "record", lambda cycle: records.append(record(cycle)) or records[-1]
-    )
+    make_record = telemetry.record
+
+    def keeping(cycle: Cycle) -> StreamRecord:
+        records.append(make_record(cycle))
+        return records[-1]
+
+    monkeypatch.setattr(telemetry, "record", keeping)
     body = json.loads(chat(tokens=30, itl_ms=5))
     body["sidestream"]["stamp"] = stamp
     async with serve(make_app(stats=Stats())) as upstream:
