@@ -36,7 +36,6 @@ from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNow
 
 if TYPE_CHECKING:
     from middleware.guard import StreamGuard
-    from middleware.telemetry_gaps import Gaps
     from middleware.telemetry_stream import StreamRecord
 
 logger = logging.getLogger("sidestream")
@@ -92,7 +91,6 @@ class Cycle:
         self.scanner: SSEScanner | None = None
         self.dialect: Dialect | None = None
         self.stats: StreamStats | None = None
-        self.gaps: Gaps | None = None  # telemetry on: the record's inter-token gaps
         self.inflater: Inflater | None = None
         self.before_body = True  # no body byte relayed yet
         self.wrote_before_body = False
@@ -283,7 +281,6 @@ class Cycle:
             self.dialect = select(self.scope.get("path", ""))
             if self.record is not None:
                 self.stats = StreamStats()  # observe every event, not only up to the first token
-                self.gaps = self.record.gaps
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.
@@ -363,15 +360,11 @@ class Cycle:
         if stats is not None:
             # Telemetry on. The usual token chunk, once the stream's frame is known (learned by
             # count_chunk, never with content capture on), is counted and timed right here:
-            # one call per token, its time kept for the gaps (folded in batches, in C).
+            # the frame's check and the gaps' append, no scanner, no JSON.
             frame = stats.frame
             if frame is not None and self.line_state is EVENT and frame.count(body, stats):
-                gaps = self.gaps
-                assert gaps is not None
-                times = gaps.times
-                times.append(now)
-                if len(times) >= gaps.FOLD_AT:
-                    gaps.fold()
+                assert self.record is not None
+                self.record.gaps.add(now)
             else:
                 self._observe(body, now, stats)
         elif self.scanner is not None:
@@ -406,7 +399,7 @@ class Cycle:
         record = self.record
         assert record is not None
         dialect = self.dialect
-        if dialect is not None and self.line_state is LineState.EVENT and record.text is None:
+        if dialect is not None and self.line_state is EVENT and record.text is None:
             tokens = stats.tokens
             if dialect.count_chunk(body, stats):
                 if stats.tokens != tokens:
@@ -416,7 +409,7 @@ class Cycle:
                 return
         if (
             dialect is not None
-            and self.line_state is LineState.EVENT
+            and self.line_state is EVENT
             and body.startswith(b"data: ")
             and body.endswith(b"\n\n")
             and body.find(b"\n") == len(body) - 2

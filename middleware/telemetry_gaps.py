@@ -37,7 +37,7 @@ _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, m
 class Gaps:
     """Time between consecutive content-carrying chunks of one stream, in seconds.
 
-    Per chunk only its time is kept (`times`, an array the cycle appends to directly); every
+    Per chunk only its time is kept (`add`: an array append); every
     `FOLD_AT` times, and before anything is read, the batch is folded into the buckets by a
     few calls that loop in C (differences, bucket search, counting). Memory stays bounded:
     at most `FOLD_AT` doubles plus the buckets. `count`, `total`, `max`, `first` and `last`
