@@ -44,17 +44,35 @@ class _Buckets:
         self.max = -math.inf
 
 
-class LocalHistogram:
+class _Local:
+    """What the local instruments share: name, unit, description, start time, the lock, and
+    the SDK `Metric` made at collection from the subclass's data (None while it has none)."""
+
+    def __init__(self, name: str, unit: str, description: str, start_ns: int) -> None:
+        self.name, self.unit, self.description = name, unit, description
+        self._start = start_ns
+        self._lock = threading.Lock()
+
+    def metric(self, now_ns: int) -> Metric | None:
+        with self._lock:
+            data = self._data(now_ns)
+        if data is None:
+            return None
+        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+
+    def _data(self, now_ns: int) -> Histogram | Sum | None:
+        raise NotImplementedError
+
+
+class LocalHistogram(_Local):
     """A cumulative explicit-bucket histogram: bucket i holds (bounds[i-1], bounds[i]]."""
 
     def __init__(
         self, name: str, unit: str, description: str, bounds: Sequence[float], start_ns: int
     ) -> None:
-        self.name, self.unit, self.description = name, unit, description
+        super().__init__(name, unit, description, start_ns)
         self.bounds = list(bounds)
-        self._start = start_ns
         self._series: dict[Key, _Buckets] = {}
-        self._lock = threading.Lock()
 
     def record(self, value: float, attributes: Attributes) -> None:
         index = bisect.bisect_left(self.bounds, value)
@@ -82,60 +100,54 @@ class LocalHistogram:
             series.min = min(series.min, low)
             series.max = max(series.max, high)
 
-    def metric(self, now_ns: int) -> Metric | None:
-        with self._lock:
-            points = [
-                HistogramDataPoint(
-                    attributes=dict(key),
-                    start_time_unix_nano=self._start,
-                    time_unix_nano=now_ns,
-                    count=s.count,
-                    sum=s.total,
-                    bucket_counts=list(s.counts),
-                    explicit_bounds=list(self.bounds),
-                    min=s.min,
-                    max=s.max,
-                )
-                for key, s in self._series.items()
-            ]
+    def _data(self, now_ns: int) -> Histogram | None:
+        points = [
+            HistogramDataPoint(
+                attributes=dict(key),
+                start_time_unix_nano=self._start,
+                time_unix_nano=now_ns,
+                count=s.count,
+                sum=s.total,
+                bucket_counts=list(s.counts),
+                explicit_bounds=list(self.bounds),
+                min=s.min,
+                max=s.max,
+            )
+            for key, s in self._series.items()
+        ]
         if not points:
             return None
-        data = Histogram(
+        return Histogram(
             data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
         )
-        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
 
 
-class LocalCounter:
+class LocalCounter(_Local):
     """A cumulative monotonic sum per attribute set."""
 
     def __init__(self, name: str, unit: str, description: str, start_ns: int) -> None:
-        self.name, self.unit, self.description = name, unit, description
-        self._start = start_ns
+        super().__init__(name, unit, description, start_ns)
         self._sums: dict[Key, int] = {}
-        self._lock = threading.Lock()
 
     def add(self, amount: int, attributes: Attributes | None = None) -> None:
         key = _key(attributes) if attributes else ()
         with self._lock:
             self._sums[key] = self._sums.get(key, 0) + amount
 
-    def metric(self, now_ns: int) -> Metric | None:
-        with self._lock:
-            points = [
-                NumberDataPoint(
-                    attributes=dict(key),
-                    start_time_unix_nano=self._start,
-                    time_unix_nano=now_ns,
-                    value=value,
-                )
-                for key, value in self._sums.items()
-            ]
+    def _data(self, now_ns: int) -> Sum | None:
+        points = [
+            NumberDataPoint(
+                attributes=dict(key),
+                start_time_unix_nano=self._start,
+                time_unix_nano=now_ns,
+                value=value,
+            )
+            for key, value in self._sums.items()
+        ]
         if not points:
             return None
-        data = Sum(
+        return Sum(
             data_points=points,
             aggregation_temporality=AggregationTemporality.CUMULATIVE,
             is_monotonic=True,
         )
-        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
