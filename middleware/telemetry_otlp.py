@@ -113,8 +113,7 @@ class _Encoder:
         # The SDK's BoundedAttributes is a Mapping whose items() runs in Python; its dict
         # is read directly where it has one.
         for key, value in getattr(attributes, "_dict", attributes).items():
-            kind = type(value)
-            if kind is str:
+            if type(value) is str:
                 encoded = strings.get((tag, key, value))
                 if encoded is None:
                     if len(strings) >= _CACHE_LIMIT:
@@ -127,17 +126,11 @@ class _Encoder:
                 if len(keys) >= _CACHE_LIMIT:
                     keys.clear()
                 name = keys[key] = _field(b"\x0a", key.encode())
-            if kind is float:  # AnyValue{double}: always 9 bytes
-                pair = name + b"\x12\x09\x21" + _double(value)
-            elif kind is int:
-                number = _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64: two's complement
-                pair = name + _field(b"\x12", b"\x18" + number)
-            else:
-                try:
-                    pair = name + _field(b"\x12", _value(value))
-                except TypeError as error:  # the SDK's encoder logs and skips these too
-                    logger.warning("OTLP: attribute %s not exported: %s", key, error)
-                    continue
+            try:
+                pair = name + _field(b"\x12", _value(value))
+            except TypeError as error:  # the SDK's encoder logs and skips these too
+                logger.warning("OTLP: attribute %s not exported: %s", key, error)
+                continue
             parts.append(_field(tag, pair))
         return b"".join(parts)
 
