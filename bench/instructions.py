@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from bench.targets import BSP_DELAY_S, PY, ROOT, free_port, wait_export, wait_port
@@ -35,6 +36,15 @@ DEFAULT_OTEL = {
     "OTEL_BSP_SCHEDULE_DELAY": "5000",
     "OTEL_METRIC_EXPORT_INTERVAL": "60000",
 }
+
+
+def callgrind_total(paths: Iterable[Path]) -> int:
+    """Instructions counted in these callgrind output files (one per thread or process)."""
+    return sum(
+        int(m.group(1))
+        for path in paths
+        for m in re.finditer(r"^totals: (\d+)", path.read_text(), re.M)
+    )
 
 
 def loadgen(port: int, streams: int, tokens: int, itl_ms: float, stamp: bool = True) -> None:
@@ -88,11 +98,7 @@ def counted(streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path) -
         subprocess.run([*control, "-i", "off", str(sidecar.pid)], check=True, capture_output=True)
         sidecar.terminate()
         sidecar.wait(60)
-        return sum(
-            int(m.group(1))
-            for path in workdir.glob(f"callgrind.{tokens}.out*")
-            for m in re.finditer(r"^totals: (\d+)", path.read_text(), re.M)
-        )
+        return callgrind_total(workdir.glob(f"callgrind.{tokens}.out*"))
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):

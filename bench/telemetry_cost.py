@@ -25,7 +25,6 @@ import gc
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,20 +33,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.instructions import callgrind_total
 from bench.targets import PY, ROOT
+from sidecar.emulator.frames import DONE, END, STAMP_END, Frames
+from sidecar.emulator.plan import Headers, plan_post
+from sidecar.emulator.text import token_cycle
 
 SETUPS = ("off", "record", "span", "encode", "sdk-encode")
-PREFIX = (
-    b'data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk",'
-    b'"created":1764600000,"model":"emulator","choices":'
-)
-HEAD = PREFIX + b'[{"index":0,"delta":{"content":'
-TAIL = b'},"logprobs":null,"finish_reason":null}]'
-ROLE = (
-    PREFIX + b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-    b'"finish_reason":null}]}\n\n'
-)
-FINISH = PREFIX + b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}\n\n'
 REQUEST = json.dumps(
     {
         "model": "emulator",
@@ -58,13 +50,17 @@ REQUEST = json.dumps(
 ).encode()
 
 
-def chunks(stamped: bool) -> list[bytes]:
-    """64 distinct token chunks (a stamp, like the emulator's, makes each tail differ)."""
-    return [
-        HEAD
-        + b'"tok%d"' % i
-        + TAIL
-        + (b',"sidestream_sent_ns":%d}\n\n' % (1764600000000 + i) if stamped else b"}\n\n")
+def frames(stamped: bool) -> tuple[Frames, list[bytes]]:
+    """The emulator's frames for one chat stream, and 64 distinct token chunks in its exact
+    shape (with its stamp, as in the benchmark, each tail differs)."""
+    plan = plan_post("chat", REQUEST, Headers())
+    made = Frames(plan)
+    _, tokens = token_cycle(plan.text)
+    return made, [
+        made.head
+        + tokens[i % len(tokens)]
+        + made.tail
+        + (STAMP_END % (1764600000000 + i) if stamped else END)
         for i in range(64)
     ]
 
@@ -105,19 +101,20 @@ async def run(setup: str, streams: int, tokens: int, stamped: bool) -> None:
     from middleware.guard import StreamGuard
     from middleware.types import SEND_NOWAIT
 
-    bodies = chunks(stamped)
-    usage = PREFIX + b'[],"usage":{"prompt_tokens":9,"completion_tokens":%d}}\n\n' % tokens
+    made, bodies = frames(stamped)
+    assert made.role is not None
+    role = made.role
+    end = made.finish("stop") + made.usage(9, tokens) + DONE
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": ROLE, "more_body": True})
+        await send({"type": "http.response.body", "body": role, "more_body": True})
         await send({"type": "http.response.body", "body": bodies[0], "more_body": True})
         nowait = scope["extensions"][SEND_NOWAIT]["send"]
         for i in range(1, tokens):
             nowait(bodies[i & 63])
-        end = FINISH + usage + b"data: [DONE]\n\n"
         await send({"type": "http.response.body", "body": end, "more_body": False})
 
     tel = telemetry(setup)
@@ -164,9 +161,7 @@ def counted(setup: str, streams: int, tokens: int, stamped: bool, workdir: Path)
     argv += [PY, "-m", "bench.telemetry_cost", "--child", setup, str(streams), str(tokens)]
     argv += [] if stamped else ["--unstamped"]
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
-    found = re.search(r"^totals: (\d+)", out.read_text(), re.M)
-    assert found is not None
-    return int(found.group(1))
+    return callgrind_total([out])
 
 
 def main() -> int:
