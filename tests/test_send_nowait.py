@@ -367,6 +367,19 @@ async def test_upstream_reads_go_to_the_sink_first_and_the_rest_in_order(accept:
 # --- the whole sidecar: the push path is the one taken ---------------------------------------
 
 
+async def through_the_sidecar(body: bytes, telemetry: Any = None) -> bytes:
+    """One chat completion through the real stack (the sidecar's listener, StreamGuard, the
+    proxy, the HTTP/1.1 pool, the emulator); returns the whole response body."""
+    async with serve(make_app(stats=Stats())) as upstream:
+        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+        guard = build_guard(settings, StreamRegistry(), telemetry)
+        async with serve(guard, "sidecar") as port:
+            response = await request(port, "POST", "/v1/chat/completions", body=body)
+            text = await asyncio.wait_for(response.body(), 10)
+            response.close()
+    return text
+
+
 async def test_the_sidecar_relays_paced_tokens_from_the_protocol_callback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -392,14 +405,7 @@ async def test_the_sidecar_relays_paced_tokens_from_the_protocol_callback(
 
     monkeypatch.setattr(Cycle, "send_nowait", counting_nowait)
     monkeypatch.setattr(Cycle, "send", counting_send)
-    async with serve(make_app(stats=Stats())) as upstream:
-        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
-        async with serve(build_guard(settings, StreamRegistry()), "sidecar") as port:
-            response = await request(
-                port, "POST", "/v1/chat/completions", body=chat(tokens=20, itl_ms=10)
-            )
-            text = await asyncio.wait_for(response.body(), 10)
-            response.close()
+    text = await through_the_sidecar(chat(tokens=20, itl_ms=10))
     assert text.endswith(b"data: [DONE]\n\n")
     assert len(pushed) >= 15, (pushed, sent)  # the first read and the last may go by send
     assert len(sent) <= 4, (pushed, sent)
@@ -438,15 +444,7 @@ async def test_with_telemetry_paced_tokens_are_counted_by_the_learned_frame(
     monkeypatch.setattr(telemetry, "record", keeping)
     body = json.loads(chat(tokens=30, itl_ms=5))
     body["sidestream"]["stamp"] = stamp
-    async with serve(make_app(stats=Stats())) as upstream:
-        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
-        guard = build_guard(settings, StreamRegistry(), telemetry)
-        async with serve(guard, "sidecar") as port:
-            response = await request(
-                port, "POST", "/v1/chat/completions", body=json.dumps(body).encode()
-            )
-            text = await asyncio.wait_for(response.body(), 10)
-            response.close()
+    text = await through_the_sidecar(json.dumps(body).encode(), telemetry)
     assert text.endswith(b"data: [DONE]\n\n")
     assert (b'"sidestream_sent_ns"' in text) is stamp
     assert len(slow) <= 4, slow  # role chunk, the first token (learns the frame), the end
