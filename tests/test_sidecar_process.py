@@ -162,3 +162,34 @@ async def test_second_sigterm_stops_at_once(emulator: tuple[int, Stats]) -> None
     assert code == 0 and took < 2.5
     for status, _, body in results:
         assert status == 200 and json.loads(parse(body)[-1][1])["error"]["code"] == "shutting_down"
+
+
+def _wakeups(pid: int) -> int:
+    """Times the process's main thread has gone to sleep and been woken (its event loop)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/PID/status")
+
+
+async def test_an_idle_sidecar_is_not_woken(emulator: tuple[int, Stats]) -> None:
+    """Idle means asleep: after serving a stream, the process's event loop sleeps until the next
+    request or signal (uvicorn's own loop polls its exit flag ten times a second per server),
+    and a signal still stops it at once."""
+    upstream, _ = emulator
+    child = Child(upstream)
+    try:
+        await child.ready()
+        status, _, body = await get(child.port, CHAT, "POST", chat(5, 0))
+        assert status == 200 and parse(body)[-1][1] == "[DONE]"
+        await asyncio.sleep(0.5)  # the connections' close and the loop settle
+        before = _wakeups(child.process.pid)
+        await asyncio.sleep(2.0)
+        woken = _wakeups(child.process.pid) - before
+        child.process.send_signal(signal.SIGTERM)
+        code = await child.exit_code(timeout=3)
+    finally:
+        child.kill()
+    assert woken <= 4, f"{woken} wake-ups in 2 s of idle (polling makes ~20)"
+    assert code == 0
