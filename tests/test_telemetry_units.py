@@ -82,6 +82,20 @@ def test_folding_in_batches_counts_every_gap_in_its_own_bucket() -> None:
     assert gaps.max == pytest.approx(max(values)) and gaps.total == pytest.approx(sum(values))
 
 
+def test_a_gap_on_a_bound_is_counted_below_it_and_above_the_last_in_the_top_bucket() -> None:
+    """Buckets are (b[i-1], b[i]] like OTel's: a gap equal to a bound is in the bucket that
+    bound closes, one above the last bound in the overflow bucket; runs of equal gaps too."""
+    for bound in (BOUNDS[0], 0.01, 0.02, BOUNDS[100], BOUNDS[-1]):
+        gaps = Gaps()
+        gaps.add(0.0)
+        for _ in range(3):
+            gaps.add(bound)  # the same time thrice: gaps of bound, then 0 and 0
+        expected = {0: 2}  # the zero gaps
+        expected[BOUNDS.index(bound)] = expected.get(BOUNDS.index(bound), 0) + 1
+        assert gaps.buckets() == expected
+    assert gaps_of([2 * BOUNDS[-1]] * 3).buckets() == {len(BOUNDS): 3}
+
+
 def test_zero_gaps_and_single_tokens() -> None:
     """Chunks read at the same instant give a gap of 0; one chunk gives no gap at all."""
     assert gaps_of([0.0, 0.0]).quantile(0.5) == 0.0
