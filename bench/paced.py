@@ -1,0 +1,91 @@
+"""`python -m bench.paced`: scenario a alone, repeated, for A/B work on CPU per token.
+
+`python -m bench` runs every scenario; this runs only the paced one (50 streams of `--tokens`
+tokens, 20 ms apart) for the chosen targets, each started afresh per repetition in an order
+rotated by one, and prints each repetition's proxy CPU seconds per 100k tokens, its ratio to
+the first target within that repetition, and the medians. The machine is noisy, so compare
+ratios from one run, over several repetitions. With `--tokens 1000` the per-stream share
+is a fifth of scenario a's, so the ratio shows mostly what each token costs.
+
+    python -m bench.paced --targets sidestream,sidestream+otel --reps 6 --tokens 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+
+from bench import scenarios
+from bench.run import rotate, telemetry_wired
+from bench.targets import (
+    LOAD_CORES,
+    PY,
+    ROOT,
+    TARGETS,
+    free_port,
+    nginx_binary,
+    pin,
+    session,
+    wait_port,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.paced", description=__doc__)
+    parser.add_argument(
+        "--targets",
+        default="sidestream,sidestream+otel,nginx",
+        help=f"comma-separated proxies of {','.join(t for t in TARGETS if t != 'direct')}; "
+        "ratios are to the first (default: sidestream,sidestream+otel,nginx)",
+    )
+    parser.add_argument("--reps", type=int, default=4, help="repetitions (default 4)")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
+    args = parser.parse_args(argv)
+    targets = [t for t in args.targets.split(",") if t]
+    unknown = [t for t in targets if t not in TARGETS or t == "direct"]
+    if unknown or not targets or args.reps < 1 or args.tokens < 2:
+        parser.error(f"targets must be proxies of {TARGETS}, reps >= 1, tokens >= 2")
+    if "nginx" in targets and nginx_binary() is None:
+        print("nginx is not installed: skipped (apt-get install nginx).")
+        targets.remove("nginx")
+    sink_port = free_port()
+    sink = subprocess.Popen(
+        [PY, "-m", "bench.sink", str(sink_port)], cwd=ROOT, preexec_fn=pin(LOAD_CORES)
+    )
+    cpu: dict[str, list[float]] = {t: [] for t in targets}
+    ratios: dict[str, list[float]] = {t: [] for t in targets[1:]}
+    try:
+        wait_port(sink_port, sink)
+        if "sidestream+otel" in targets and not telemetry_wired(sink_port):
+            print("sidestream+otel sent no OTLP export to the sink", file=sys.stderr)
+            return 1
+        for rep in range(args.reps):
+            figures: dict[str, float] = {}
+            for target in rotate(targets, rep):
+                with session(target, sink_port) as s:
+                    figures[target] = scenarios.paced(s, tokens=args.tokens)["a_cpu_100k"]
+            base = figures[targets[0]]
+            line = [f"rep {rep + 1}:"]
+            for target in targets:
+                cpu[target].append(figures[target])
+                line.append(f"{target} {figures[target]:.3f}")
+                if target != targets[0]:
+                    ratios[target].append(figures[target] / base)
+                    line.append(f"({ratios[target][-1]:.2f}x)")
+            print(" ".join(line), flush=True)
+    finally:
+        sink.terminate()
+        sink.wait()
+    print(f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions")
+    print(f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) |")
+    print("|---|---|---|")
+    for target in targets:
+        ratio = f"{statistics.median(ratios[target]):.2f}x" if target in ratios else "1"
+        print(f"| {target} | {statistics.median(cpu[target]):.2f} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
