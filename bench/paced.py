@@ -14,22 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 
 from bench import scenarios
 from bench.run import rotate, telemetry_wired
-from bench.targets import (
-    LOAD_CORES,
-    PY,
-    ROOT,
-    TARGETS,
-    free_port,
-    nginx_binary,
-    pin,
-    session,
-    wait_port,
-)
+from bench.targets import TARGETS, nginx_binary, otlp_sink, session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,14 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if "nginx" in targets and nginx_binary() is None:
         print("nginx is not installed: skipped (apt-get install nginx).")
         targets.remove("nginx")
-    sink_port = free_port()
-    sink = subprocess.Popen(
-        [PY, "-m", "bench.sink", str(sink_port)], cwd=ROOT, preexec_fn=pin(LOAD_CORES)
-    )
     cpu: dict[str, list[float]] = {t: [] for t in targets}
     ratios: dict[str, list[float]] = {t: [] for t in targets[1:]}
-    try:
-        wait_port(sink_port, sink)
+    with otlp_sink() as sink_port:
         if "sidestream+otel" in targets and not telemetry_wired(sink_port):
             print("sidestream+otel sent no OTLP export to the sink", file=sys.stderr)
             return 1
@@ -75,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
                     ratios[target].append(figures[target] / base)
                     line.append(f"({ratios[target][-1]:.2f}x)")
             print(" ".join(line), flush=True)
-    finally:
-        sink.terminate()
-        sink.wait()
     print(f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions")
     print(f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) |")
     print("|---|---|---|")

@@ -12,7 +12,6 @@ import argparse
 import os
 import platform
 import resource
-import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -24,14 +23,11 @@ from bench import report, scenarios
 from bench.targets import (
     LOAD_CORES,
     PROXY_CORES,
-    PY,
     ROOT,
     TARGETS,
-    free_port,
     nginx_binary,
-    pin,
+    otlp_sink,
     session,
-    wait_port,
 )
 
 
@@ -131,12 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("nginx is not installed: skipped (apt-get install nginx).")
         log(notes[-1])
     started = time.monotonic()
-    sink_port = free_port()
-    sink = subprocess.Popen(
-        [PY, "-m", "bench.sink", str(sink_port)], cwd=ROOT, preexec_fn=pin(LOAD_CORES)
-    )
-    try:
-        wait_port(sink_port, sink)
+    with otlp_sink() as sink_port:
         otel = "sidestream+otel" in targets and telemetry_wired(sink_port)
         if "sidestream+otel" in targets and not otel:
             targets.remove("sidestream+otel")
@@ -158,9 +149,6 @@ def main(argv: list[str] | None = None) -> int:
                 reps_figures[0].setdefault(target, {}).update(
                     guarded(target, run_idle, target, sink_port, n)
                 )
-    finally:
-        sink.terminate()
-        sink.wait()
     for figures in reps_figures:
         report.derive(figures)
     med = report.medians(reps_figures, targets)

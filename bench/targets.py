@@ -225,6 +225,22 @@ class Session:
 
 
 @contextlib.contextmanager
+def otlp_sink() -> Iterator[int]:
+    """`bench.sink` (the OTLP/HTTP receiver `sidestream+otel` exports to) on the load cores;
+    yields its port."""
+    port = free_port()
+    sink = subprocess.Popen(
+        [PY, "-m", "bench.sink", str(port)], cwd=ROOT, preexec_fn=pin(LOAD_CORES)
+    )
+    try:
+        wait_port(port, sink)
+        yield port
+    finally:
+        sink.terminate()
+        sink.wait()
+
+
+@contextlib.contextmanager
 def session(target: str, sink_port: int) -> Iterator[Session]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{target.replace('+', '-')}-"))
     s = Session(target, workdir, sink_port)

@@ -38,16 +38,11 @@ HEAD_SLACK_BYTES = 8192  # the request line and framing on top of --max-header-b
 DRAIN_GRACE_SECONDS = 0.5  # for streams ended by the drain to write their terminal event
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers (the Sidecar decides what a signal means) and
-    without its 10 Hz poll of `should_exit`: the main loop waits on an event the flag sets,
-    so an idle sidecar is never woken (two polling servers cost ~20 wake-ups and 1.4 ms of
-    CPU a second, and that was a measurable share of a benchmark window). uvicorn's tick
-    also refreshes the date header once a second; the sidecar sends none."""
+class _ExitEvent:
+    """`should_exit` kept as an asyncio.Event, so serving can wait for it instead of polling;
+    setting it True sets the event (once set it stays set, as a stop cannot be taken back)."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
-        self._exit = asyncio.Event()
-        super().__init__(config)
+    _exit: asyncio.Event
 
     @property
     def should_exit(self) -> bool:
@@ -57,6 +52,18 @@ class _Server(uvicorn.Server):
     def should_exit(self, value: bool) -> None:
         if value:
             self._exit.set()
+
+
+class _Server(_ExitEvent, uvicorn.Server):
+    """uvicorn without its own signal handlers (the Sidecar decides what a signal means) and
+    without its 10 Hz poll of `should_exit`: the main loop waits on an event the flag sets,
+    so an idle sidecar is never woken (two polling servers cost ~20 wake-ups and 1.4 ms of
+    CPU a second, and that was a measurable share of a benchmark window). uvicorn's tick
+    also refreshes the date header once a second; the sidecar sends none."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._exit = asyncio.Event()
+        super().__init__(config)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -80,7 +87,7 @@ class Listener(Protocol):
     async def serve(self) -> None: ...
 
 
-class HypercornListener:
+class HypercornListener(_ExitEvent):
     """hypercorn's asyncio `serve()` behind uvicorn.Server's three flags.
 
     The socket is bound here (or given, bound, by a test), before hypercorn starts, so a
@@ -114,15 +121,6 @@ class HypercornListener:
         config.loglevel = settings.log_level.upper()
         self.started = False
         self._exit = asyncio.Event()
-
-    @property
-    def should_exit(self) -> bool:
-        return self._exit.is_set()
-
-    @should_exit.setter
-    def should_exit(self, value: bool) -> None:
-        if value:
-            self._exit.set()
 
     @property
     def force_exit(self) -> bool:
