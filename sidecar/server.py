@@ -70,10 +70,9 @@ class _Server(_ExitEvent, uvicorn.Server):
         yield
 
     async def main_loop(self) -> None:
-        await self.on_tick(0)  # sets the default headers (none: no date, no server header)
-        if self.limit_max_requests is not None:  # pragma: no cover - the sidecar sets none
-            await super().main_loop()
-            return
+        # One tick sets the default headers (none: no date, no server header); uvicorn's other
+        # per-tick duty, `limit_max_requests`, is never configured by the sidecar.
+        await self.on_tick(0)
         await self._exit.wait()
 
 
