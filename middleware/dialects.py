@@ -112,13 +112,10 @@ class Frame:
                 if close <= self.start or body[close - len(marker) : close] != marker:
                     return False
             tail = body[close:]
-            if (
-                tail.find(b"\n") != len(tail) - 2
-                or tail[-1] != 10
-                or (
-                    tail.count(b'"usage"') and tail.count(b'"usage"') != tail.count(b'"usage":null')
-                )
-            ):
+            if tail.find(b"\n") != len(tail) - 2 or tail[-1] != 10:
+                return False
+            usage = tail.count(b'"usage"')
+            if usage and usage != tail.count(b'"usage":null'):
                 return False
             self.varies = True  # a tail per chunk: check it first from now on
         stats.events += 1
