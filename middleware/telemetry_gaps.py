@@ -2,9 +2,9 @@
 
 `Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: counts in
 fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s. Per chunk
-it costs one array append; the gaps are bucketed in batches: sorted (in C), then one
-`bisect` per non-empty bucket, not one per gap.
-Percentiles are read from it once, at the stream's end.
+it costs one array append; the gaps are bucketed in batches (sorted in C, then one `bisect`
+per non-empty bucket, not one per gap). Percentiles are read from it once, at the stream's
+end.
 
 `ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
 record once per chunk. An SDK `Histogram.record` costs ~10 µs — more than the whole relay of
