@@ -7,6 +7,12 @@ the first target within that repetition, and the medians. The machine is noisy, 
 ratios from one run, over several repetitions. With `--tokens 1000` the per-stream share
 is a fifth of scenario a's, so the ratio shows mostly what each token costs.
 
+`--together` runs the targets at the same time instead, each with its own upstream and
+load, all proxies on the proxy core: a neighbour's burst then lands on every target of a
+repetition alike, so the ratios spread several times less than in turns (for A/B work on
+one part of the hot path). Its absolute figures are not scenario a's: the proxies share the
+core and its caches.
+
     python -m bench.paced --targets sidestream,sidestream+otel --reps 6 --tokens 1000
 """
 
@@ -15,6 +21,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
+from contextlib import ExitStack
 
 from bench import scenarios
 from bench.run import rotate, telemetry_wired
@@ -31,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=4, help="repetitions (default 4)")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
+    parser.add_argument(
+        "--together", action="store_true", help="run the targets at the same time (see above)"
+    )
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     unknown = [t for t in targets if t not in TARGETS or t == "direct"]
@@ -46,10 +57,13 @@ def main(argv: list[str] | None = None) -> int:
             print("sidestream+otel sent no OTLP export to the sink", file=sys.stderr)
             return 1
         for rep in range(args.reps):
-            figures: dict[str, float] = {}
-            for target in rotate(targets, rep):
-                with session(target, sink_port) as s:
-                    figures[target] = scenarios.paced(s, tokens=args.tokens)["a_cpu_100k"]
+            if args.together:
+                figures = together(targets, sink_port, args.tokens)
+            else:
+                figures = {}
+                for target in rotate(targets, rep):
+                    with session(target, sink_port) as s:
+                        figures[target] = scenarios.paced(s, tokens=args.tokens)["a_cpu_100k"]
             base = figures[targets[0]]
             line = [f"rep {rep + 1}:"]
             for target in targets:
@@ -59,13 +73,33 @@ def main(argv: list[str] | None = None) -> int:
                     ratios[target].append(figures[target] / base)
                     line.append(f"({ratios[target][-1]:.2f}x)")
             print(" ".join(line), flush=True)
-    print(f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions")
+    when = "at the same time" if args.together else "in turns"
+    print(f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions, {when}")
     print(f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) |")
     print("|---|---|---|")
     for target in targets:
         ratio = f"{statistics.median(ratios[target]):.2f}x" if target in ratios else "1"
         print(f"| {target} | {statistics.median(cpu[target]):.2f} | {ratio} |")
     return 0
+
+
+def together(targets: list[str], sink_port: int, tokens: int) -> dict[str, float]:
+    """Scenario a's CPU per 100k tokens of each target, all loaded at once."""
+    figures: dict[str, float] = {}
+    with ExitStack() as stack:
+        sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
+
+        def load(target: str) -> None:
+            figures[target] = scenarios.paced(sessions[target], tokens=tokens)["a_cpu_100k"]
+
+        threads = [threading.Thread(target=load, args=(t,)) for t in targets]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if len(figures) != len(targets):
+        raise RuntimeError(f"a load failed: got figures for {sorted(figures)} only")
+    return figures
 
 
 if __name__ == "__main__":
