@@ -7,9 +7,12 @@ path the sidecar uses, finish + usage + [DONE] — under callgrind, in these set
 
 - `off`: no telemetry;
 - `record`: telemetry without spans (sidestream's own record, metrics, access log);
-- `span`: plus an SDK span per stream, handed to a BatchSpanProcessor whose exporter drops it;
-- `encode`: plus the span batch encoded by sidestream's OTLP encoder (`telemetry_otlp`);
-- `sdk-encode`: the same with the SDK's own encoder, for comparison.
+- `span`: plus a direct span per stream (`telemetry_direct`), handed to a BatchSpanProcessor
+  whose exporter drops it;
+- `encode`: plus the span batch encoded by sidestream's OTLP encoder (`telemetry_otlp`): what
+  the sidecar does;
+- `sdk-span`: the same with SDK spans (`Telemetry(tracer_provider=...)`), for comparison;
+- `sdk-encode`: SDK spans and the SDK's own encoder.
 
 Each is run for two stream counts and two stream lengths, so the counts give instructions
 per token (the slope) and per stream (the rest); differences between setups are the cost of
@@ -39,7 +42,7 @@ from sidecar.emulator.frames import DONE, END, STAMP_END, Frames
 from sidecar.emulator.plan import Headers, plan_post
 from sidecar.emulator.text import token_cycle
 
-SETUPS = ("off", "record", "span", "encode", "sdk-encode")
+SETUPS = ("off", "record", "span", "encode", "sdk-span", "sdk-encode")
 REQUEST = json.dumps(
     {
         "model": "emulator",
@@ -79,21 +82,24 @@ def telemetry(setup: str) -> Any:
 
     class Dropping(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            if setup == "encode":
+            if setup in ("encode", "sdk-span"):
                 encode_spans(spans)
             elif setup == "sdk-encode":
                 sdk(spans).SerializePartialToString()
             return SpanExportResult.SUCCESS
 
-    provider = None
-    if setup != "record":
-        provider = TracerProvider()
-        processor = BatchSpanProcessor(
-            Dropping(), max_queue_size=100_000, schedule_delay_millis=600_000
-        )
-        provider.add_span_processor(processor)
     configure_access_log(open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
-    return Telemetry(tracer_provider=provider, metric_readers=[InMemoryMetricReader()])
+    readers = [InMemoryMetricReader()]
+    if setup == "record":
+        return Telemetry(metric_readers=readers)
+    processor = BatchSpanProcessor(
+        Dropping(), max_queue_size=100_000, schedule_delay_millis=600_000
+    )
+    if setup.startswith("sdk-"):
+        provider = TracerProvider()
+        provider.add_span_processor(processor)
+        return Telemetry(tracer_provider=provider, metric_readers=readers)
+    return Telemetry(span_processor=processor, metric_readers=readers)
 
 
 async def run(setup: str, streams: int, tokens: int, stamped: bool) -> None:

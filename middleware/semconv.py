@@ -56,7 +56,12 @@ CANCEL_LATENCY: Final = "sidestream.cancel_latency"  # seconds, stop decided -> 
 EVENT_FIRST_CHUNK: Final = "sidestream.first_chunk"
 EVENT_UPSTREAM_DONE: Final = "sidestream.upstream_done"
 EVENT_CLIENT_DISCONNECT: Final = "sidestream.client_disconnect"
-# exceptions use the standard "exception" event (Span.record_exception)
+# The exception event, as the SDK's Span.record_exception writes it (telemetry_direct).
+EVENT_EXCEPTION: Final = "exception"
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_MESSAGE: Final = "exception.message"
+EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
+EXCEPTION_ESCAPED: Final = "exception.escaped"
 
 # -- metrics ------------------------------------------------------------------------------------
 METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"

@@ -17,6 +17,8 @@ Deliberate choices (do not "fix" these):
   (`telemetry_metrics`, and `telemetry_gaps` for `time_per_output_chunk`) and added to every
   collection and export by `_WithLocal` and `metrics()`. Only the active-streams gauge, an
   observable read at collection, is the SDK's own.
+- `from_env` makes direct spans (`telemetry_direct`), not SDK `Span` objects: the same
+  exported span for a third of the CPU; code inside the guard cannot add to it.
 - Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
   GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
   probes and model listings do not count as streams.
@@ -47,13 +49,14 @@ from opentelemetry.sdk.metrics.export import (
     ScopeMetrics,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Tracer
 
 from middleware import semconv
 from middleware.registry import StreamRegistry
+from middleware.telemetry_direct import DirectSpans
 from middleware.telemetry_gaps import ChunkHistogram
 from middleware.telemetry_metrics import LocalCounter, LocalHistogram
 from middleware.telemetry_prometheus import CONTENT_TYPE, exposition
@@ -77,7 +80,10 @@ logger = logging.getLogger("sidestream")
 class Telemetry:
     """Process-wide telemetry: providers, instruments, the access logger, the chunk histogram.
 
-    Pass `tracer_provider=None` for no spans. `metric_readers` are extra plain readers
+    Spans: `span_processor` gets direct spans (`telemetry_direct`: written at the stream's
+    end, sampled and identified as `tracer_provider`'s configuration says — a provider from
+    the OTEL_* variables when none is given); `tracer_provider` alone makes SDK spans, for
+    every processor it has; neither, no spans. `metric_readers` are extra plain readers
     (tests); `metric_exporters` are exported periodically with the chunk histogram added.
     """
 
@@ -85,6 +91,7 @@ class Telemetry:
         self,
         *,
         tracer_provider: TracerProvider | None = None,
+        span_processor: SpanProcessor | None = None,
         metric_readers: Sequence[MetricReader] = (),
         metric_exporters: Sequence[MetricExporter] = (),
         resource: Resource | None = None,
@@ -104,12 +111,17 @@ class Telemetry:
         self.capture_limit = capture_limit
         self.propagator = propagator if propagator is not None else propagate.get_global_textmap()
         self.propagation_fields = frozenset(f.encode() for f in self.propagator.fields)
+        resource = resource or Resource.create()
+        self.tracer: Tracer | None = None
+        self.direct: DirectSpans | None = None
+        if span_processor is not None:
+            if tracer_provider is None:
+                tracer_provider = TracerProvider(resource=resource)
+            tracer_provider.add_span_processor(span_processor)  # flushed and shut down with it
+            self.direct = DirectSpans(tracer_provider, span_processor, span_kind)
+        elif tracer_provider is not None:
+            self.tracer = tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE)
         self.tracer_provider = tracer_provider
-        self.tracer: Tracer | None = (
-            None
-            if tracer_provider is None
-            else tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE)
-        )
         start = time.time_ns()
         self.chunks = ChunkHistogram(start)
         self.duration = LocalHistogram(
@@ -157,9 +169,7 @@ class Telemetry:
         self._reader = InMemoryMetricReader()  # Prometheus text
         readers: list[MetricReader] = [self._reader, *metric_readers]
         readers += [PeriodicExportingMetricReader(_WithLocal(e, self)) for e in metric_exporters]
-        self.meter_provider = MeterProvider(
-            metric_readers=readers, resource=resource or Resource.create()
-        )
+        self.meter_provider = MeterProvider(metric_readers=readers, resource=resource)
         meter = self.meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE)
         self._registries: list[StreamRegistry] = []
         meter.create_observable_gauge(
@@ -181,7 +191,7 @@ class Telemetry:
         """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
 
         `options` go to the constructor (server_address, server_port, provider_name,
-        capture_content, capture_limit). Exporters: OTLP/HTTP protobuf, batched spans,
+        capture_content, capture_limit). Exporters: OTLP/HTTP protobuf, batched direct spans,
         periodic metrics (the span exporter is the SDK's with a faster encoder,
         `telemetry_otlp`); the SDK reads endpoint, headers, timeout, sampler and resource
         variables itself.
@@ -194,19 +204,18 @@ class Telemetry:
             logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: only http/protobuf is used", protocol)
         attributes = {} if "OTEL_SERVICE_NAME" in env else {"service.name": "sidestream"}
         resource = Resource.create(attributes)
-        tracer_provider = None
+        processor = None
         if _wanted(env, "TRACES"):
             from middleware.telemetry_otlp import OTLPSpanExporter
 
-            tracer_provider = TracerProvider(resource=resource)
-            tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            processor = BatchSpanProcessor(OTLPSpanExporter())
         exporters: list[MetricExporter] = []
         if _wanted(env, "METRICS"):
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
             exporters.append(OTLPMetricExporter())
         return cls(
-            tracer_provider=tracer_provider,
+            span_processor=processor,
             metric_exporters=exporters,
             resource=resource,
             span_kind=span_kind,

@@ -15,11 +15,13 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Status, StatusCode
 
 from middleware import semconv
 from middleware.errors import Outcome
 from middleware.telemetry_content import output_messages
+from middleware.telemetry_direct import exception_event
 
 if TYPE_CHECKING:
     from middleware.cycle import Cycle
@@ -42,6 +44,7 @@ PROVIDERS = {
     "tgi": "huggingface.tgi",
 }
 _CANCELLED = frozenset(FAILURES | {Outcome.CLIENT_DISCONNECTED, Outcome.SLOW_CLIENT})
+_UNSET = Status(StatusCode.UNSET)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -119,7 +122,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
             attrs[semconv.GEN_AI_RESPONSE_MODEL] = stats.response_model
         reasons = stats.finish_reasons if outcome is Outcome.COMPLETED else ["error"]
         if reasons:
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = tuple(reasons)  # as the SDK keeps it
         if input_tokens is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = input_tokens
         if output_tokens is not None:
@@ -143,23 +146,38 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
 
     span = record.span
     if span is not None:
+        name = record.method
         if genai:
             operation = str(metric_attrs[semconv.GEN_AI_OPERATION_NAME])
-            span.update_name(f"{operation} {model}" if model else operation)
-        span.set_attributes(attrs)
+            name = f"{operation} {model}" if model else operation
+        events = []
         if cycle.first_token_at is not None:
-            span.add_event(semconv.EVENT_FIRST_CHUNK, timestamp=record.ns(cycle.first_token_at))
+            events.append((semconv.EVENT_FIRST_CHUNK, record.ns(cycle.first_token_at)))
         if streaming and cycle.completed_at is not None:
-            span.add_event(semconv.EVENT_UPSTREAM_DONE, timestamp=record.ns(cycle.completed_at))
+            events.append((semconv.EVENT_UPSTREAM_DONE, record.ns(cycle.completed_at)))
         if outcome is Outcome.CLIENT_DISCONNECTED and cycle.aborted_at is not None:
-            span.add_event(semconv.EVENT_CLIENT_DISCONNECT, timestamp=record.ns(cycle.aborted_at))
+            events.append((semconv.EVENT_CLIENT_DISCONNECT, record.ns(cycle.aborted_at)))
         error = cycle.error if cycle.error is not None else failure
-        if error is not None:
-            at = cycle.aborted_at if cycle.aborted_at is not None else end
-            span.record_exception(error, timestamp=record.ns(at), escaped=failure is not None)
-        if error_type is not None:
-            span.set_status(Status(StatusCode.ERROR, error_type))
-        span.end(end_time=record.ns(end))
+        error_at = record.ns(cycle.aborted_at if cycle.aborted_at is not None else end)
+        escaped = failure is not None
+        span_status = _UNSET if error_type is None else Status(StatusCode.ERROR, error_type)
+        direct = record.direct
+        if direct is not None:
+            timed = [Event(event, None, at) for event, at in events]
+            if error is not None:
+                timed.append(exception_event(error, error_at, escaped))
+            assert telemetry.direct is not None
+            telemetry.direct.end(direct, name, attrs, timed, span_status, record.ns(end))
+        else:
+            span.update_name(name)
+            span.set_attributes(attrs)
+            for event, at in events:
+                span.add_event(event, timestamp=at)
+            if error is not None:
+                span.record_exception(error, timestamp=error_at, escaped=escaped)
+            if error_type is not None:
+                span.set_status(span_status)
+            span.end(end_time=record.ns(end))
 
     if not genai:
         return

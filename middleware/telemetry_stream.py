@@ -24,6 +24,7 @@ from middleware import semconv
 from middleware.dialects import Dialect, select
 from middleware.sse import Event
 from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
+from middleware.telemetry_direct import DirectSpan
 from middleware.telemetry_finish import finish
 from middleware.telemetry_gaps import Gaps
 from middleware.types import Message, Receive, Scope
@@ -64,19 +65,26 @@ class StreamRecord:
         self.text: list[str] | None = [] if telemetry.capture_content else None
         self.text_len = 0
         self.server = self._server(scope)
-        self.span: Span | None = None
-        tracer = telemetry.tracer
-        if tracer is not None:
+        self.span: Span | None = None  # the current span while the stream runs
+        self.direct: DirectSpan | None = None  # the span to end, with direct spans
+        tracer, direct = telemetry.tracer, telemetry.direct
+        if tracer is not None or direct is not None:
             fields = telemetry.propagation_fields
             carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in fields}
             parent = telemetry.propagator.extract(carrier) if carrier else None
-            self.span = tracer.start_span(
-                self.genai.operation if self.genai is not None else self.method,
-                context=parent,
-                kind=telemetry.span_kind,
-                start_time=self.t0_ns,
-                attributes=self._http_attributes(scope, headers),
-            )
+            name = self.genai.operation if self.genai is not None else self.method
+            attributes = self._http_attributes(scope, headers)
+            if direct is not None:
+                self.direct = direct.start(name, parent, attributes, self.t0_ns)
+                self.span = self.direct.current
+            elif tracer is not None:
+                self.span = tracer.start_span(
+                    name,
+                    context=parent,
+                    kind=telemetry.span_kind,
+                    start_time=self.t0_ns,
+                    attributes=attributes,
+                )
         if self.genai is not None:
             cycle.client_receive = self._tap(cycle.client_receive)
 

@@ -40,16 +40,22 @@ PROMPT = "the prompt nobody may see"
 
 
 class Spans:
-    """Telemetry wired to in-memory span and metric collectors."""
+    """Telemetry wired to in-memory span and metric collectors: direct spans (the sidecar's)
+    or the SDK's, as the `span_mode` fixture says — every test here runs with both."""
+
+    direct = True
 
     def __init__(self, kind: SpanKind = SpanKind.SERVER, **options: Any) -> None:
         self.exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        processor = SimpleSpanProcessor(self.exporter)
+        if self.direct:
+            spans: dict[str, Any] = {"span_processor": processor}
+        else:
+            provider = TracerProvider()
+            provider.add_span_processor(processor)
+            spans = {"tracer_provider": provider}
         self.reader = InMemoryMetricReader()
-        self.telemetry = Telemetry(
-            tracer_provider=provider, metric_readers=[self.reader], span_kind=kind, **options
-        )
+        self.telemetry = Telemetry(metric_readers=[self.reader], span_kind=kind, **spans, **options)
 
     async def one(self, timeout: float = 5.0) -> ReadableSpan:
         """The single finished span (the server ends it after the client is done)."""
@@ -86,6 +92,13 @@ HEADERS = [
     ("Cookie", "session=also-secret"),
     ("User-Agent", "telemetry-test/1.0"),
 ]
+
+
+@pytest.fixture(autouse=True, params=["direct", "sdk"])
+def span_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Direct spans and SDK spans must show the same."""
+    monkeypatch.setattr(Spans, "direct", request.param == "direct")
+    return str(request.param)
 
 
 @contextlib.asynccontextmanager

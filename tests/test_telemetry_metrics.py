@@ -193,20 +193,23 @@ async def test_non_genai_requests_make_no_metrics_or_log_line(
 
 
 def test_from_env_follows_the_otel_variables() -> None:
-    """OTEL_SDK_DISABLED=true turns telemetry off; spans are made only when an OTLP endpoint
-    (or OTEL_TRACES_EXPORTER=otlp) is configured; OTEL_SERVICE_NAME names the service."""
+    """OTEL_SDK_DISABLED=true turns telemetry off; spans (direct ones) are made only when an
+    OTLP endpoint (or OTEL_TRACES_EXPORTER=otlp) is configured; OTEL_SERVICE_NAME names the
+    service."""
     assert Telemetry.from_env(environ={"OTEL_SDK_DISABLED": "true"}) is None
     quiet = Telemetry.from_env(environ={})
-    assert quiet is not None and quiet.tracer is None and quiet.span_kind is SpanKind.SERVER
+    assert quiet is not None and quiet.span_kind is SpanKind.SERVER
+    assert quiet.tracer is None and quiet.direct is None
     quiet.shutdown()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_METRICS_EXPORTER": "none"}
     on = Telemetry.from_env(SpanKind.CLIENT, environ=env, server_address="vllm")
-    assert on is not None and on.tracer is not None and on.span_kind is SpanKind.CLIENT
+    assert on is not None and on.direct is not None and on.span_kind is SpanKind.CLIENT
+    assert on.tracer is None and on.direct.kind is SpanKind.CLIENT
     assert on.server_address == "vllm"
     on.tracer_provider.shutdown()  # type: ignore[union-attr]  # nothing was recorded
     on.meter_provider.shutdown()
     off = Telemetry.from_env(environ={**env, "OTEL_TRACES_EXPORTER": "none"})
-    assert off is not None and off.tracer is None
+    assert off is not None and off.tracer is None and off.direct is None
     off.shutdown()
 
 
