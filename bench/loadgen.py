@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import sys
 import time
@@ -274,7 +275,11 @@ def main() -> int:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = uvloop.run(main_async(cfg))
+    # The loop may leave stdout non-blocking: a result longer than the pipe (64 KB of
+    # latencies) would then be cut off when the harness reads it late.
+    os.set_blocking(sys.stdout.fileno(), True)
     sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
     return 0
 
 
