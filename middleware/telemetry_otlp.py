@@ -48,9 +48,12 @@ _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
 
 
+_BYTE = [bytes((n,)) for n in range(0x80)]  # the one-byte varints
+
+
 def _varint(n: int) -> bytes:
     if n < 0x80:
-        return bytes((n,))
+        return _BYTE[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -61,7 +64,8 @@ def _varint(n: int) -> bytes:
 
 def _field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: its tag byte(s), the length, the payload."""
-    return tag + _varint(len(payload)) + payload
+    n = len(payload)
+    return tag + (_BYTE[n] if n < 0x80 else _varint(n)) + payload
 
 
 def _string(tag: bytes, text: str | None) -> bytes:
@@ -80,7 +84,7 @@ def _value(value: Any) -> bytes:
         return b"\x21" + _double(value)
     if isinstance(value, bytes):
         return _field(b"\x3a", value)
-    if isinstance(value, Sequence):
+    if type(value) in (tuple, list) or isinstance(value, Sequence):
         return _field(b"\x2a", b"".join(_field(b"\x0a", _value(v)) for v in value))
     if isinstance(value, Mapping):
         return _field(
@@ -126,11 +130,17 @@ class _Encoder:
                 if len(keys) >= _CACHE_LIMIT:
                     keys.clear()
                 name = keys[key] = _field(b"\x0a", key.encode())
-            try:
-                pair = name + _field(b"\x12", _value(value))
-            except TypeError as error:  # the SDK's encoder logs and skips these too
-                logger.warning("OTLP: attribute %s not exported: %s", key, error)
-                continue
+            kind = type(value)
+            if kind is float:  # the usual number (times, rates): an AnyValue of 9 bytes
+                pair = name + b"\x12\x09\x21" + _double(value)
+            elif kind is int and 0 <= value < 0x80:  # counts that fit one varint byte
+                pair = name + b"\x12\x02\x18" + bytes((value,))
+            else:
+                try:
+                    pair = name + _field(b"\x12", _value(value))
+                except TypeError as error:  # the SDK's encoder logs and skips these too
+                    logger.warning("OTLP: attribute %s not exported: %s", key, error)
+                    continue
             parts.append(_field(tag, pair))
         return b"".join(parts)
 

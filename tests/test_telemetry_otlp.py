@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given, settings
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -23,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (
@@ -96,6 +97,15 @@ def attributes(span: ProtoSpan) -> dict[str, Any]:
     return {kv.key: value(kv.value) for kv in span.attributes}
 
 
+def spans_to(processor: SpanProcessor, direct: bool) -> Telemetry:
+    """The sidecar's telemetry (span kind CLIENT) with direct spans or the SDK's."""
+    if direct:
+        return Telemetry(span_processor=processor, span_kind=SpanKind.CLIENT)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    return Telemetry(tracer_provider=provider, span_kind=SpanKind.CLIENT)
+
+
 @contextlib.asynccontextmanager
 async def sidecar(telemetry: Telemetry, upstream: Any, **guard: Any) -> AsyncIterator[int]:
     async with serve(upstream) as upstream_port:
@@ -119,17 +129,19 @@ def body(tokens: int, ttft_ms: int, itl_ms: int) -> bytes:
     ).encode()
 
 
-async def test_spans_arrive_over_otlp_http_with_their_attributes() -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "sdk"])
+async def test_spans_arrive_over_otlp_http_with_their_attributes(direct: bool) -> None:
     """A completed, a cancelled and a timed-out stream reach a real OTLP/HTTP receiver as
     protobuf, one span each, with kind CLIENT, the outcome, GenAI usage and error status.
-    The exporter is sidestream's (the SDK's, with the fast encoder), on its fast path."""
+    The exporter is sidestream's (the SDK's, with the fast encoder), on its fast path; the
+    spans are direct ones (as the sidecar makes them) or the SDK's."""
     receiver = Receiver()
     async with serve(receiver) as otlp_port:
-        provider = TracerProvider()
         exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces")
         assert exporter.fast, "the installed SDK's exporter layout changed: fast path lost"
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-        telemetry = Telemetry(tracer_provider=provider, span_kind=SpanKind.CLIENT)
+        telemetry = spans_to(BatchSpanProcessor(exporter), direct)
+        provider = telemetry.tracer_provider
+        assert provider is not None
         async with sidecar(telemetry, make_app(stats=Stats()), first_token_timeout=0.3) as port:
             path = "/v1/chat/completions"
             done = await clients.request(port, "POST", path, body=body(10, 0, 1))
@@ -169,14 +181,13 @@ async def test_spans_arrive_over_otlp_http_with_their_attributes() -> None:
     assert "exception" in [e.name for e in timed_out.events]
 
 
-async def test_upstream_sees_the_sidecar_span_as_parent() -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "sdk"])
+async def test_upstream_sees_the_sidecar_span_as_parent(direct: bool) -> None:
     """The sidecar injects its own span context upstream: the upstream's traceparent has the
     span's trace id and the span's id as parent id; the span itself is the child of the
     client's traceparent, which does not reach the upstream."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry = Telemetry(tracer_provider=provider, span_kind=SpanKind.CLIENT)
+    telemetry = spans_to(SimpleSpanProcessor(exporter), direct)
     echo = EchoUpstream()
     inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     async with sidecar(telemetry, echo) as port:
