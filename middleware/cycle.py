@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from array import array
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,6 @@ DISCONNECT: Message = {"type": "http.disconnect"}
 TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 EVENT = LineState.EVENT  # the hot path compares against a module global, not a class attribute
 STASH_MESSAGES = 16  # request-body messages held for an app that streams before reading its body
-NO_TIMES = array("d")  # never appended to: token_times before telemetry's stream starts
 
 
 class Cycle:
@@ -93,8 +91,6 @@ class Cycle:
         self.scanner: SSEScanner | None = None
         self.dialect: Dialect | None = None
         self.stats: StreamStats | None = None
-        self.token_times = NO_TIMES  # telemetry's chunk times (Gaps.times) once streaming
-        self.fold_at = 0
         self.inflater: Inflater | None = None
         self.before_body = True  # no body byte relayed yet
         self.wrote_before_body = False
@@ -285,8 +281,6 @@ class Cycle:
             self.dialect = select(self.scope.get("path", ""))
             if self.record is not None:
                 self.stats = StreamStats()  # observe every event, not only up to the first token
-                gaps = self.record.gaps
-                self.token_times, self.fold_at = gaps.times, gaps.FOLD_AT
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.
@@ -369,13 +363,8 @@ class Cycle:
             # the frame's check and the gaps' append, no scanner, no JSON.
             frame = stats.frame
             if frame is not None and self.line_state is EVENT and frame.count(body, stats):
-                # Gaps.add, inlined: one call and two objects fewer to touch per token
-                # (between two tokens of a stream the cache has moved on).
-                times = self.token_times
-                times.append(now)
-                if len(times) >= self.fold_at:
-                    assert self.record is not None
-                    self.record.gaps.fold()
+                assert self.record is not None
+                self.record.gaps.add(now)
             else:
                 self._observe(body, now, stats)
         elif self.scanner is not None:
