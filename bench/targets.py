@@ -125,6 +125,7 @@ class Session:
     proxy: subprocess.Popen[bytes] | None = None
     settle_s: float = 0.0  # idle time after a load that still belongs to its CPU window
     exported: bool = False  # sidestream+otel: the warm-up's spans reached the sink
+    module: str = "sidecar"  # what `python -m` runs as sidestream (bench.hotspots wraps it)
 
     def spawn(
         self, name: str, argv: list[str], cores: set[int], env: dict[str, str] | None = None
@@ -189,7 +190,7 @@ class Session:
             }
         else:
             env = {"OTEL_SDK_DISABLED": "true"}
-        argv = [PY, "-m", "sidecar", "--listen", f"127.0.0.1:{self.port}"]
+        argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
         argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
         return self.spawn(self.target, argv, PROXY_CORES, env)
@@ -241,9 +242,9 @@ def otlp_sink() -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def session(target: str, sink_port: int) -> Iterator[Session]:
+def session(target: str, sink_port: int, module: str = "sidecar") -> Iterator[Session]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{target.replace('+', '-')}-"))
-    s = Session(target, workdir, sink_port)
+    s = Session(target, workdir, sink_port, module=module)
     try:
         s.start()
         yield s

@@ -1,0 +1,128 @@
+"""`python -m bench.hotspots [--target T] [--tokens N] [--reps R]`: where the running sidecar's
+time goes, function by function, under scenario a.
+
+`bench.instructions` and `bench.telemetry_cost` count code run with warm caches. In the
+running sidecar a token's work meets caches that the kernel's TCP path and 49 other streams
+have just used, and the same Python costs several times more: `Frame.count` takes ~0.5 µs
+per call in a loop and 1.2-1.8 µs here. This starts sidestream through a wrapper that times
+the functions below with `perf_counter` (wall time inside each call, nested calls included;
+the wrapper adds ~0.1-0.2 µs per call), runs scenario a, and prints per function its calls,
+µs per call and ms per 100k relayed tokens, next to the process's CPU per 100k tokens.
+Compare the same build with and without a change, or telemetry on (`--target
+sidestream+otel`, the default) with off (`--target sidestream`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import scenarios
+from bench.targets import otlp_sink, session
+
+OUT = "BENCH_HOTSPOTS"  # where the child writes its totals (set: run as the sidecar)
+HOTSPOTS = {  # label: (module, class, function)
+    "Cycle.__init__": ("middleware.cycle", "Cycle", "__init__"),
+    "Cycle._relayed": ("middleware.cycle", "Cycle", "_relayed"),
+    "Cycle._observe": ("middleware.cycle", "Cycle", "_observe"),
+    "Frame.count": ("middleware.dialects", "Frame", "count"),
+    "Gaps.add": ("middleware.telemetry_gaps", "Gaps", "add"),
+    "StreamRecord.__init__": ("middleware.telemetry_stream", "StreamRecord", "__init__"),
+    "request_attributes": ("middleware.telemetry_stream", "", "request_attributes"),
+    "DirectSpans.start": ("middleware.telemetry_direct", "DirectSpans", "start"),
+    "finish": ("middleware.telemetry_stream", "", "finish"),
+    "Gaps.fold": ("middleware.telemetry_gaps", "Gaps", "fold"),
+    "LocalHistogram.merge": ("middleware.telemetry_metrics", "LocalHistogram", "merge"),
+    "DirectSpans.end": ("middleware.telemetry_direct", "DirectSpans", "end"),
+    "access log (Logger.handle)": ("logging", "Logger", "handle"),
+}
+
+
+def _timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
+    clock = time.perf_counter
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            total[0] += clock() - start
+            total[1] += 1
+
+    return timed
+
+
+def child(out: str) -> int:
+    """Run the sidecar (argv as `python -m sidecar`) with the hotspots timed."""
+    totals: dict[str, list[float]] = {}
+    for label, (module, cls, name) in HOTSPOTS.items():
+        owner: Any = importlib.import_module(module)
+        if cls:
+            owner = getattr(owner, cls)
+        totals[label] = [0.0, 0]
+        setattr(owner, name, _timed(getattr(owner, name), totals[label]))
+
+    def write() -> None:
+        Path(out).write_text("".join(f"{k}\t{t}\t{n}\n" for k, (t, n) in totals.items()))
+
+    atexit.register(write)
+    from sidecar.cli import main
+
+    return main(sys.argv[1:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hotspots", description=__doc__)
+    parser.add_argument("--target", default="sidestream+otel", help="sidestream or sidestream+otel")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
+    args = parser.parse_args()
+    if args.target not in ("sidestream", "sidestream+otel"):
+        parser.error("--target is sidestream or sidestream+otel")
+    per_call: dict[str, list[float]] = {k: [] for k in HOTSPOTS}
+    per_100k: dict[str, list[float]] = {k: [] for k in HOTSPOTS}
+    calls: dict[str, list[float]] = {k: [] for k in HOTSPOTS}
+    cpu: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-hotspots-") as tmp, otlp_sink() as sink:
+        for rep in range(args.reps):
+            out = Path(tmp) / f"rep{rep}.tsv"
+            os.environ[OUT] = str(out)
+            try:
+                with session(args.target, sink, module="bench.hotspots") as s:
+                    figures = scenarios.paced(s, tokens=args.tokens)
+            finally:
+                del os.environ[OUT]
+            cpu.append(figures["a_cpu_100k"])
+            tokens = figures["a_tokens"]
+            for line in out.read_text().splitlines():
+                label, total, n = line.split("\t")
+                count = int(n)
+                calls[label].append(count)
+                per_call[label].append(float(total) / count * 1e6 if count else 0.0)
+                per_100k[label].append(float(total) / tokens * 1e8)
+    print(f"{args.target}, scenario a, 50 streams x {args.tokens} tokens, {args.reps} reps")
+    print(f"process CPU per 100k tokens (median): {statistics.median(cpu):.3f} s\n")
+    print("| function | calls (run incl. warm-up) | µs per call | ms per 100k tokens |")
+    print("|---|---|---|---|")
+    for label in HOTSPOTS:
+        if not max(calls[label], default=0):
+            continue
+        print(
+            f"| {label} | {statistics.median(calls[label]):.0f} "
+            f"| {statistics.median(per_call[label]):.2f} "
+            f"| {statistics.median(per_100k[label]):.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child(os.environ[OUT]) if os.environ.get(OUT) else main())
