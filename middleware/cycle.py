@@ -31,7 +31,7 @@ from middleware.framing import (
     stream_headers,
     terminal_event,
 )
-from middleware.sse import Event, LineState, SSEScanner, advance
+from middleware.sse import CR, Event, LineState, SSEScanner, advance
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
 
 if TYPE_CHECKING:
@@ -413,7 +413,7 @@ class Cycle:
             and body.startswith(b"data: ")
             and body.endswith(b"\n\n")
             and body.find(b"\n") == len(body) - 2
-            and b"\r" not in body
+            and CR not in body
         ):
             events = [Event("message", body[6:-2].decode("utf-8", "replace"), None, None)]
         else:

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from middleware.sse import Event
+from middleware.sse import CR, Event
 
 __all__ = ["Dialect", "StreamStats", "select", "sniff"]
 
@@ -236,7 +236,7 @@ class OpenAIChat(Dialect):
         frame = stats.frame
         if frame is not None and frame.count(body, stats):
             return True
-        if not stats.events or not body.startswith(b"data: ") or b"\r" in body:
+        if not stats.events or not body.startswith(b"data: ") or CR in body:
             return False  # the first event is parsed whole (id, model)
         last = len(body) - 2
         if body.find(b"\n") == last and body.endswith(b"\n\n"):  # one event: the usual chunk
