@@ -41,7 +41,11 @@ HOTSPOTS = {  # label: (module, class, function)
     "DirectSpans.start": ("middleware.telemetry_direct", "DirectSpans", "start"),
     "finish": ("middleware.telemetry_stream", "", "finish"),
     "Gaps.fold": ("middleware.telemetry_gaps", "Gaps", "fold"),
+    "Gaps.quantile": ("middleware.telemetry_gaps", "Gaps", "quantile"),
+    "ChunkHistogram.fold": ("middleware.telemetry_gaps", "ChunkHistogram", "fold"),
     "LocalHistogram.merge": ("middleware.telemetry_metrics", "LocalHistogram", "merge"),
+    "LocalCounter.add": ("middleware.telemetry_metrics", "LocalCounter", "add"),
+    "json.dumps": ("json", "", "dumps"),
     "DirectSpans.end": ("middleware.telemetry_direct", "DirectSpans", "end"),
     "access log (Logger.handle)": ("logging", "Logger", "handle"),
 }
