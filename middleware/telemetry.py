@@ -82,8 +82,9 @@ class Telemetry:
 
     Spans: `span_processor` gets direct spans (`telemetry_direct`: written at the stream's
     end, sampled and identified as `tracer_provider`'s configuration says — a provider from
-    the OTEL_* variables when none is given); `tracer_provider` alone makes SDK spans, for
-    every processor it has; neither, no spans. `metric_readers` are extra plain readers
+    the OTEL_* variables when none is given — and handed to this processor only, not to the
+    provider's others); `tracer_provider` alone makes SDK spans, for every processor it has;
+    neither, no spans. `metric_readers` are extra plain readers
     (tests); `metric_exporters` are exported periodically with the chunk histogram added.
     """
 
