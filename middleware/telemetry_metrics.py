@@ -15,6 +15,7 @@ import bisect
 import math
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -46,7 +47,7 @@ class _Buckets:
 
 class _Local:
     """What the local instruments share: name, unit, description, start time, the lock, and
-    the SDK `Metric` made at collection from the subclass's data (None while it has none)."""
+    the SDK `Metric` made at collection from the subclass's points (None while it has none)."""
 
     def __init__(self, name: str, unit: str, description: str, start_ns: int) -> None:
         self.name, self.unit, self.description = name, unit, description
@@ -55,12 +56,17 @@ class _Local:
 
     def metric(self, now_ns: int) -> Metric | None:
         with self._lock:
-            data = self._data(now_ns)
-        if data is None:
+            points = self._points(now_ns)
+        if not points:
             return None
+        data = self._data(points)
         return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
 
-    def _data(self, now_ns: int) -> Histogram | Sum | None:
+    def _points(self, now_ns: int) -> list[Any]:
+        """One SDK data point per attribute set, read under the lock."""
+        raise NotImplementedError
+
+    def _data(self, points: list[Any]) -> Histogram | Sum:
         raise NotImplementedError
 
 
@@ -100,8 +106,8 @@ class LocalHistogram(_Local):
             series.min = min(series.min, low)
             series.max = max(series.max, high)
 
-    def _data(self, now_ns: int) -> Histogram | None:
-        points = [
+    def _points(self, now_ns: int) -> list[Any]:
+        return [
             HistogramDataPoint(
                 attributes=dict(key),
                 start_time_unix_nano=self._start,
@@ -115,8 +121,8 @@ class LocalHistogram(_Local):
             )
             for key, s in self._series.items()
         ]
-        if not points:
-            return None
+
+    def _data(self, points: list[Any]) -> Histogram:
         return Histogram(
             data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
         )
@@ -134,8 +140,8 @@ class LocalCounter(_Local):
         with self._lock:
             self._sums[key] = self._sums.get(key, 0) + amount
 
-    def _data(self, now_ns: int) -> Sum | None:
-        points = [
+    def _points(self, now_ns: int) -> list[Any]:
+        return [
             NumberDataPoint(
                 attributes=dict(key),
                 start_time_unix_nano=self._start,
@@ -144,8 +150,8 @@ class LocalCounter(_Local):
             )
             for key, value in self._sums.items()
         ]
-        if not points:
-            return None
+
+    def _data(self, points: list[Any]) -> Sum:
         return Sum(
             data_points=points,
             aggregation_temporality=AggregationTemporality.CUMULATIVE,
