@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"Mode: {mode.name}, {reps} repetition(s). Machine: {machine()}."]
     if hard < 2 * max(mode.idle) + 1000:
         notes.append(f"RLIMIT_NOFILE hard limit is {hard}: the largest idle run may run out.")
-    targets = [t for t in (args.targets or ",".join(TARGETS)).split(",") if t]
+    default = ",".join(t for t in TARGETS if not t.startswith("alt"))
+    targets = [t for t in (args.targets or default).split(",") if t]
     if "nginx" in targets and nginx_binary() is None:
         targets.remove("nginx")
         notes.append("nginx is not installed: skipped (apt-get install nginx).")

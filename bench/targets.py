@@ -8,6 +8,10 @@ Targets: `direct` (the client talks to the emulator: the physical floor), `sides
 (`python -m sidecar`, telemetry off), `sidestream+otel` (spans + metrics on, 100% sampling,
 exporting to the bench's sink), `nginx` (Debian package, 1 worker, `proxy_buffering off`,
 HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.py`).
+
+For A/B work on a change, `alt` and `alt+otel` are `sidestream` and `sidestream+otel` run from
+another sidestream tree, named by `BENCH_ALT` (e.g. a `git worktree` of another commit):
+`BENCH_ALT=/tmp/wt-old python -m bench.paced --together --targets alt+otel,sidestream+otel`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ PY = sys.executable
 _CORES = sorted(os.sched_getaffinity(0))
 PROXY_CORES = {_CORES[-1]}
 LOAD_CORES = set(_CORES[:-1]) or set(_CORES)
-TARGETS = ("direct", "sidestream", "sidestream+otel", "nginx", "tutorial")
+TARGETS = ("direct", "sidestream", "sidestream+otel", "nginx", "tutorial", "alt", "alt+otel")
 BSP_DELAY_S = 5.0  # OTEL_BSP_SCHEDULE_DELAY for sidestream+otel: the SDK's default
 
 
@@ -128,12 +132,17 @@ class Session:
     module: str = "sidecar"  # what `python -m` runs as sidestream (bench.hotspots wraps it)
 
     def spawn(
-        self, name: str, argv: list[str], cores: set[int], env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        cores: set[int],
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -150,7 +159,7 @@ class Session:
         return tree(self.proxy.pid) if self.proxy is not None else []
 
     def start(self) -> None:
-        otel = self.target == "sidestream+otel"
+        otel = self.target.endswith("+otel")
         before = sink_exports(self.sink_port) if otel else 0
         self.upstream_port = free_port()
         emulator = self.spawn(
@@ -175,7 +184,7 @@ class Session:
             # before any scenario's CPU window opens.
             self.exported = wait_export(self.sink_port, before, BSP_DELAY_S + 3.0)
 
-    def _start_sidestream(self, otel: bool = False) -> subprocess.Popen[bytes]:
+    def _start_sidestream(self, otel: bool = False, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
         if otel:
             env = {
                 "OTEL_SDK_DISABLED": "false",
@@ -193,11 +202,17 @@ class Session:
         argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
         argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
-        return self.spawn(self.target, argv, PROXY_CORES, env)
+        return self.spawn(self.target, argv, PROXY_CORES, env, cwd)
 
-    def _start_sidestream_otel(self) -> subprocess.Popen[bytes]:
+    def _start_sidestream_otel(self, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
         self.settle_s = BSP_DELAY_S + 0.5  # the span batch goes out within the window
-        return self._start_sidestream(otel=True)
+        return self._start_sidestream(otel=True, cwd=cwd)
+
+    def _start_alt(self) -> subprocess.Popen[bytes]:
+        return self._start_sidestream(cwd=alt_root())
+
+    def _start_alt_otel(self) -> subprocess.Popen[bytes]:
+        return self._start_sidestream_otel(cwd=alt_root())
 
     def _start_tutorial(self) -> subprocess.Popen[bytes]:
         argv = [PY, "-m", "uvicorn", "bench.tutorial:app", "--host", "127.0.0.1"]
@@ -251,6 +266,14 @@ def session(target: str, sink_port: int, module: str = "sidecar") -> Iterator[Se
     finally:
         s.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def alt_root() -> Path:
+    """The tree the `alt` targets run from (`BENCH_ALT`)."""
+    path = Path(os.environ.get("BENCH_ALT", ""))
+    if not os.environ.get("BENCH_ALT") or not (path / "sidecar" / "__main__.py").is_file():
+        raise RuntimeError("the alt targets need BENCH_ALT=<another sidestream tree>")
+    return path.resolve()
 
 
 def nginx_binary() -> str | None:
