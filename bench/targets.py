@@ -46,10 +46,19 @@ def pin(cores: set[int]) -> Callable[[], None]:
     return lambda: os.sched_setaffinity(0, cores)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, and not one handed out before in this process: the
+    kernel may give a just-closed port again, and `--together` starts several sessions."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:

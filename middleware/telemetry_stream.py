@@ -44,6 +44,26 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes, limit: int = 256) -
 class StreamRecord:
     """Telemetry state of one request; see the module docstring."""
 
+    __slots__ = (
+        "_body",
+        "_body_done",
+        "_truncated",
+        "direct",
+        "gaps",
+        "genai",
+        "method",
+        "path",
+        "request",
+        "request_id",
+        "server",
+        "span",
+        "t0",
+        "t0_ns",
+        "telemetry",
+        "text",
+        "text_len",
+    )
+
     def __init__(self, telemetry: Telemetry, cycle: Cycle) -> None:
         self.telemetry = telemetry
         self.t0_ns = time.time_ns()
