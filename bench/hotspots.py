@@ -3,7 +3,7 @@ time goes, function by function, under scenario a.
 
 `bench.instructions` and `bench.telemetry_cost` count code run with warm caches. In the
 running sidecar a token's work meets caches that the kernel's TCP path and 49 other streams
-have just used, and the same Python costs several times more: `Frame.count` takes ~0.5 µs
+have just used, and the same Python costs several times more: `Frame.matches` takes ~0.5 µs
 per call in a loop and 1.2-1.8 µs here. This starts sidestream through a wrapper that times
 the functions below with `perf_counter` (wall time inside each call, nested calls included;
 the wrapper adds ~0.1-0.2 µs per call), runs scenario a, and prints per function its calls,
@@ -34,7 +34,7 @@ HOTSPOTS = {  # label: (module, class, function)
     "Cycle.__init__": ("middleware.cycle", "Cycle", "__init__"),
     "Cycle._relayed": ("middleware.cycle", "Cycle", "_relayed"),
     "Cycle._observe": ("middleware.cycle", "Cycle", "_observe"),
-    "Frame.count": ("middleware.dialects", "Frame", "count"),
+    "Frame.matches": ("middleware.dialects", "Frame", "matches"),
     "Gaps.add": ("middleware.telemetry_gaps", "Gaps", "add"),
     "StreamRecord.__init__": ("middleware.telemetry_stream", "StreamRecord", "__init__"),
     "request_attributes": ("middleware.telemetry_stream", "", "request_attributes"),

@@ -35,6 +35,9 @@ from middleware.sse import CR, Event, LineState, SSEScanner, advance
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
 
 if TYPE_CHECKING:
+    from array import array
+
+    from middleware.dialects import Frame
     from middleware.guard import StreamGuard
     from middleware.telemetry_stream import StreamRecord
 
@@ -46,6 +49,7 @@ DISCONNECT: Message = {"type": "http.disconnect"}
 TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 EVENT = LineState.EVENT  # the hot path compares against a module global, not a class attribute
 STASH_MESSAGES = 16  # request-body messages held for an app that streams before reading its body
+TIMES_KEPT = 256  # telemetry's chunk times held per stream before `Gaps.fold`: 2 KB at most
 
 
 class Cycle:
@@ -73,6 +77,8 @@ class Cycle:
         "downstream",
         "error",
         "first_token_at",
+        "frame",
+        "frame_tokens",
         "gone",
         "guard",
         "headers_sent",
@@ -100,6 +106,7 @@ class Cycle:
         "streaming",
         "task",
         "timer",
+        "times",
         "watcher",
         "wrote_before_body",
     )
@@ -144,6 +151,11 @@ class Cycle:
         self.scanner: SSEScanner | None = None
         self.dialect: Dialect | None = None
         self.stats: StreamStats | None = None
+        # Telemetry's token path (see `_relayed`): the stream's frame once learned, the tokens
+        # it has counted (added to `stats` by `stream_stats`), the record's chunk times.
+        self.frame: Frame | None = None
+        self.frame_tokens = 0
+        self.times: array[float] | None = None
         self.inflater: Inflater | None = None
         self.before_body = True  # no body byte relayed yet
         self.wrote_before_body = False
@@ -334,6 +346,7 @@ class Cycle:
             self.dialect = select(self.scope.get("path", ""))
             if self.record is not None:
                 self.stats = StreamStats()  # observe every event, not only up to the first token
+                self.times = self.record.gaps.times
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.
@@ -413,13 +426,20 @@ class Cycle:
         if stats is not None:
             # Telemetry on. The usual token chunk, once the stream's frame is known (learned by
             # count_chunk, never with content capture on), is counted and timed right here:
-            # the frame's check and the gaps' append, no scanner, no JSON.
-            frame = stats.frame
-            if frame is not None and self.line_state is EVENT and frame.count(body, stats):
-                assert self.record is not None
-                self.record.gaps.add(now)
+            # the frame's check, a count and the append `Gaps.add` makes, no scanner, no JSON.
+            # Everything it touches hangs off this object, not off the stats, record and gaps:
+            # three fewer cache lines per token, fetched again after 49 other streams' tokens.
+            frame = self.frame
+            if frame is not None and self.line_state is EVENT and frame.matches(body):
+                self.frame_tokens += 1
+                times = self.times
+                assert times is not None and self.record is not None
+                times.append(now)
+                if len(times) >= TIMES_KEPT:
+                    self.record.gaps.fold()
             else:
                 self._observe(body, now, stats)
+                self.frame = stats.frame
         elif self.scanner is not None:
             self._scan(body, now)
         elif self.first_token_at is None:
@@ -428,6 +448,17 @@ class Cycle:
         self.line_state = EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
         self.chunks += 1
         self.bytes += len(body)
+
+    def stream_stats(self) -> StreamStats | None:
+        """The stream's stats (None without telemetry or SSE), with the tokens counted on the
+        frame path added in. Until then `stats` misses them; the dialects' own reads of
+        `stats.events` (is this the first event?) are decided before any frame is learned."""
+        stats, tokens = self.stats, self.frame_tokens
+        if stats is not None and tokens:
+            stats.events += tokens
+            stats.tokens += tokens
+            self.frame_tokens = 0
+        return stats
 
     def _scan(self, body: bytes, now: float) -> None:
         assert self.scanner is not None

@@ -92,12 +92,12 @@ class Frame:
         self.tail_len = len(suffix) - len(marker)
         self.varies = False  # a token chunk has had a tail other than the learned one
 
-    def count(self, body: bytes, stats: StreamStats) -> bool:
-        """Count `body` as one event and one token if it is a token chunk of this frame: the
-        same prefix, shorter than two events, content not empty (so a token, whatever else
-        the delta holds), then the same suffix or the marker and a tail of its own (OpenAI's
-        obfuscation pad, the emulator's timestamp) on the same line, with no usage in it.
-        Runs once per relayed token: one call, the usual tail decided without another."""
+    def matches(self, body: bytes) -> bool:
+        """Is `body` one event and one token of this frame: the same prefix, shorter than
+        two events, content not empty (so a token, whatever else the delta holds), then the
+        same suffix or the marker and a tail of its own (OpenAI's obfuscation pad, the
+        emulator's timestamp) on the same line, with no usage in it. Runs once per relayed
+        token: one call, the usual tail decided without another; the caller counts."""
         if not (
             body.startswith(self.prefix)
             and len(body) < self.limit
@@ -118,8 +118,6 @@ class Frame:
             if usage and usage != tail.count(b'"usage":null'):
                 return False
             self.varies = True  # a tail per chunk: check it first from now on
-        stats.events += 1
-        stats.tokens += 1
         return True
 
 
@@ -234,7 +232,9 @@ class OpenAIChat(Dialect):
         content included, takes the checks below.
         """
         frame = stats.frame
-        if frame is not None and frame.count(body, stats):
+        if frame is not None and frame.matches(body):
+            stats.events += 1
+            stats.tokens += 1
             return True
         if not stats.events or not body.startswith(b"data: ") or CR in body:
             return False  # the first event is parsed whole (id, model)

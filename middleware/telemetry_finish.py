@@ -68,7 +68,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
     elif status >= 500:
         error_type = str(status)
 
-    stats = cycle.stats
+    stats = cycle.stream_stats()
     gaps = record.gaps
     gaps.fold()  # the chunk times not folded yet
     streaming = cycle.streaming

@@ -23,6 +23,7 @@ from array import array
 from operator import sub
 
 from middleware import semconv
+from middleware.cycle import TIMES_KEPT
 from middleware.telemetry_metrics import LocalHistogram
 
 SUB = 8  # log buckets per octave
@@ -45,7 +46,7 @@ class Gaps:
     """
 
     __slots__ = ("count", "counts", "first", "last", "max", "times", "total")
-    FOLD_AT = 256  # chunk times kept before folding: 2 KB per stream at most
+    FOLD_AT = TIMES_KEPT  # chunk times kept before folding (the cycle appends too)
 
     def __init__(self) -> None:
         self.times = array("d")  # chunk times not folded yet
