@@ -7,7 +7,9 @@ have just used, and the same Python costs several times more: `Frame.matches` ta
 per call in a loop and 1.2-1.8 µs here. This starts sidestream through a wrapper that times
 the functions below with `perf_counter` (wall time inside each call, nested calls included;
 the wrapper adds ~0.1-0.2 µs per call), runs scenario a, and prints per function its calls,
-µs per call and ms per 100k relayed tokens, next to the process's CPU per 100k tokens.
+µs per call and ms per 100k relayed tokens, next to the process's CPU per 100k tokens. The
+cyclic garbage collector's passes are timed too (`gc.callbacks`), per generation; the one
+gen2 pass is the sidecar's `gc.collect()` before it freezes its start-up objects.
 Compare the same build with and without a change, or telemetry on (`--target
 sidestream+otel`, the default) with off (`--target sidestream`).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import os
 import statistics
@@ -49,6 +52,25 @@ HOTSPOTS = {  # label: (module, class, function)
     "DirectSpans.end": ("middleware.telemetry_direct", "DirectSpans", "end"),
     "access log (Logger.handle)": ("logging", "Logger", "handle"),
 }
+GC = ("gc gen0", "gc gen1", "gc gen2")  # the cyclic collector's passes, timed by gc.callbacks
+
+
+def _time_gc(totals: dict[str, list[float]]) -> None:
+    """Time every collection (the sidecar's one explicit `gc.collect()` at start included)."""
+    clock = time.perf_counter
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = clock()
+        else:
+            total = totals[GC[info["generation"]]]
+            total[0] += clock() - started[0]
+            total[1] += 1
+
+    for label in GC:
+        totals[label] = [0.0, 0]
+    gc.callbacks.append(callback)
 
 
 def _timed(fn: Callable[..., Any], total: list[float]) -> Callable[..., Any]:
@@ -74,6 +96,7 @@ def child(out: str) -> int:
             owner = getattr(owner, cls)
         totals[label] = [0.0, 0]
         setattr(owner, name, _timed(getattr(owner, name), totals[label]))
+    _time_gc(totals)
 
     def write() -> None:
         Path(out).write_text("".join(f"{k}\t{t}\t{n}\n" for k, (t, n) in totals.items()))
@@ -92,9 +115,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.target not in ("sidestream", "sidestream+otel"):
         parser.error("--target is sidestream or sidestream+otel")
-    per_call: dict[str, list[float]] = {k: [] for k in HOTSPOTS}
-    per_100k: dict[str, list[float]] = {k: [] for k in HOTSPOTS}
-    calls: dict[str, list[float]] = {k: [] for k in HOTSPOTS}
+    labels = [*HOTSPOTS, *GC]
+    per_call: dict[str, list[float]] = {k: [] for k in labels}
+    per_100k: dict[str, list[float]] = {k: [] for k in labels}
+    calls: dict[str, list[float]] = {k: [] for k in labels}
     cpu: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-hotspots-") as tmp, otlp_sink() as sink:
         for rep in range(args.reps):
@@ -117,7 +141,7 @@ def main() -> int:
     print(f"process CPU per 100k tokens (median): {statistics.median(cpu):.3f} s\n")
     print("| function | calls (run incl. warm-up) | µs per call | ms per 100k tokens |")
     print("|---|---|---|---|")
-    for label in HOTSPOTS:
+    for label in labels:
         if not max(calls[label], default=0):
             continue
         print(
