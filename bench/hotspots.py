@@ -8,8 +8,8 @@ per call in a loop and 1.2-1.8 µs here. This starts sidestream through a wrappe
 the functions below with `perf_counter` (wall time inside each call, nested calls included;
 the wrapper adds ~0.1-0.2 µs per call), runs scenario a, and prints per function its calls,
 µs per call and ms per 100k relayed tokens, next to the process's CPU per 100k tokens. The
-cyclic garbage collector's passes are timed too (`gc.callbacks`), per generation; the one
-gen2 pass is the sidecar's `gc.collect()` before it freezes its start-up objects.
+cyclic garbage collector's passes inside the load's CPU window are timed too (`gc.callbacks`),
+per generation.
 Compare the same build with and without a change, or telemetry on (`--target
 sidestream+otel`, the default) with off (`--target sidestream`).
 """
@@ -52,24 +52,20 @@ HOTSPOTS = {  # label: (module, class, function)
     "DirectSpans.end": ("middleware.telemetry_direct", "DirectSpans", "end"),
     "access log (Logger.handle)": ("logging", "Logger", "handle"),
 }
-GC = ("gc gen0", "gc gen1", "gc gen2")  # the cyclic collector's passes, timed by gc.callbacks
+GC = ("gc gen0", "gc gen1", "gc gen2")  # the collector's passes during the load (gc.callbacks)
 
 
-def _time_gc(totals: dict[str, list[float]]) -> None:
-    """Time every collection (the sidecar's one explicit `gc.collect()` at start included)."""
-    clock = time.perf_counter
+def _time_gc(passes: list[tuple[float, float, int]]) -> None:
+    """Keep each collection's (start on the monotonic clock, seconds, generation)."""
+    clock = time.monotonic
     started = [0.0]
 
     def callback(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             started[0] = clock()
         else:
-            total = totals[GC[info["generation"]]]
-            total[0] += clock() - started[0]
-            total[1] += 1
+            passes.append((started[0], clock() - started[0], info["generation"]))
 
-    for label in GC:
-        totals[label] = [0.0, 0]
     gc.callbacks.append(callback)
 
 
@@ -96,10 +92,12 @@ def child(out: str) -> int:
             owner = getattr(owner, cls)
         totals[label] = [0.0, 0]
         setattr(owner, name, _timed(getattr(owner, name), totals[label]))
-    _time_gc(totals)
+    passes: list[tuple[float, float, int]] = []
+    _time_gc(passes)
 
     def write() -> None:
         Path(out).write_text("".join(f"{k}\t{t}\t{n}\n" for k, (t, n) in totals.items()))
+        Path(out + ".gc").write_text("".join(f"{at}\t{t}\t{g}\n" for at, t, g in passes))
 
     atexit.register(write)
     from sidecar.cli import main
@@ -126,13 +124,22 @@ def main() -> int:
             os.environ[OUT] = str(out)
             try:
                 with session(args.target, sink, module="bench.hotspots") as s:
+                    window = time.monotonic()
                     figures = scenarios.paced(s, tokens=args.tokens)
+                    window_end = time.monotonic()
             finally:
                 del os.environ[OUT]
             cpu.append(figures["a_cpu_100k"])
             tokens = figures["a_tokens"]
-            for line in out.read_text().splitlines():
-                label, total, n = line.split("\t")
+            rows = [line.split("\t") for line in out.read_text().splitlines()]
+            gc_totals = {label: [0.0, 0] for label in GC}
+            for line in Path(f"{out}.gc").read_text().splitlines():
+                at, seconds, generation = line.split("\t")
+                if window <= float(at) <= window_end:  # the load's CPU window, not start-up
+                    gc_totals[GC[int(generation)]][0] += float(seconds)
+                    gc_totals[GC[int(generation)]][1] += 1
+            rows += [[label, str(t), str(n)] for label, (t, n) in gc_totals.items()]
+            for label, total, n in rows:
                 count = int(n)
                 calls[label].append(count)
                 per_call[label].append(float(total) / count * 1e6 if count else 0.0)
