@@ -81,39 +81,40 @@ class Frame:
     `prefix` up to the string's opening quote, `marker` from its closing quote to the end
     of the choices array, `suffix` from that quote to the end of the chunk."""
 
-    __slots__ = ("limit", "marker", "prefix", "start", "suffix", "tail_len", "varies")
+    __slots__ = ("marker", "prefix", "start", "suffix", "tail_len", "varies")
 
     def __init__(self, prefix: bytes, marker: bytes, suffix: bytes) -> None:
         self.prefix = prefix
         self.start = len(prefix)  # the content string's first byte
         self.marker = marker
         self.suffix = suffix
-        self.limit = 2 * (len(prefix) + len(marker))
         self.tail_len = len(suffix) - len(marker)
         self.varies = False  # a token chunk has had a tail other than the learned one
 
     def matches(self, body: bytes) -> bool:
-        """Is `body` one event and one token of this frame: the same prefix, shorter than
-        two events, content not empty (so a token, whatever else the delta holds), then the
-        same suffix or the marker and a tail of its own (OpenAI's obfuscation pad, the
-        emulator's timestamp) on the same line, with no usage in it. Runs once per relayed
-        token: one call, the usual tail decided without another; the caller counts."""
+        """Is `body` one event and one token of this frame: the same prefix, one line (its
+        first line end is the event's end: a second event would need another), content not
+        empty (so a token, whatever else the delta holds), then the same suffix or the
+        marker and a tail of its own (OpenAI's obfuscation pad, the emulator's timestamp)
+        with no usage in it. Runs once per relayed token: one call, the usual tail decided
+        without another; the caller counts."""
+        end = len(body)
         if not (
             body.startswith(self.prefix)
-            and len(body) < self.limit
+            and body.find(b"\n") == end - 2
             and body[self.start] != 34  # not the closing quote of ""
         ):
             return False
         if self.varies or not body.endswith(self.suffix):
+            if body[-1] != 10:
+                return False  # not the end of an event
             marker = self.marker
-            close = len(body) - self.tail_len  # a tail as long as the learned one: the usual
+            close = end - self.tail_len  # a tail as long as the learned one: the usual
             if body[close - len(marker) : close] != marker:
                 close = body.rfind(b"}]") + 2
                 if close <= self.start or body[close - len(marker) : close] != marker:
                     return False
             tail = body[close:]
-            if tail.find(b"\n") != len(tail) - 2 or tail[-1] != 10:
-                return False
             usage = tail.count(b'"usage"')
             if usage and usage != tail.count(b'"usage":null'):
                 return False
@@ -188,6 +189,7 @@ _CHAT_TOKEN = re.compile(
 _COMPLETION_TOKEN = re.compile(r'"text"\s*:\s*"(?!")')
 _USAGE = re.compile(r'"usage"\s*:\s*\{')
 _FINISH_REASON = re.compile(r'"finish_reason"\s*:\s*"')
+DONE_CHUNK = b"data: [DONE]\n\n"
 _STRING_REST = re.compile(rb'(?:[^"\\]|\\.)*"')  # a JSON string's rest, to its closing quote
 
 
@@ -226,15 +228,19 @@ class OpenAIChat(Dialect):
         created repeat) and perhaps in a tail after the choices (OpenAI's obfuscation pad,
         the emulator's timestamp), so the first one teaches the stream's `Frame` and a later
         token chunk of that frame is decided with a few byte comparisons: the same prefix,
-        shorter than two events, content not empty (so a token, whatever else the delta
-        holds), and the same suffix — or the marker (its unescaped quotes cannot be inside a
-        string: it is structure) and a one-line tail without usage. Anything else, an empty
-        content included, takes the checks below.
+        one line, content not empty (so a token, whatever else the delta holds), and the
+        same suffix — or the marker (its unescaped quotes cannot be inside a string: it is
+        structure) and a tail without usage. `data: [DONE]` is taken whole too. Anything
+        else, an empty content included, takes the checks below.
         """
         frame = stats.frame
         if frame is not None and frame.matches(body):
             stats.events += 1
             stats.tokens += 1
+            return True
+        if body == DONE_CHUNK:  # the stream's last chunk, as every server writes it
+            stats.events += 1
+            stats.done = True
             return True
         if not stats.events or not body.startswith(b"data: ") or CR in body:
             return False  # the first event is parsed whole (id, model)

@@ -543,6 +543,33 @@ def test_count_chunk_agrees_with_a_stamped_frame(reads: list[list[bytes]]) -> No
     assert fast == reference
 
 
+def test_frame_never_takes_two_events_for_one() -> None:
+    """A read of two events whose first is shorter than the frame's chunk (no `role`) and
+    whose second ends like it is not one token of the frame, whatever its length: both
+    events are counted (found by hypothesis in the test above; the frame used to bound
+    the length instead of looking for a second line)."""
+    dialect = dialect_for("/v1/chat/completions")
+    stats = StreamStats(events=1)
+    assert dialect.count_chunk(chat_chunk({"content": "0", "role": "assistant"}), stats)
+    assert stats.frame is not None
+    two = chat_chunk({"content": "0"}) + chat_chunk({"content": "", "role": "assistant"})
+    assert not stats.frame.matches(two)
+    assert dialect.count_chunk(two, stats)
+    assert (stats.events, stats.tokens) == (4, 2)
+
+
+def test_count_chunk_takes_done_whole() -> None:
+    """`data: [DONE]` alone in a chunk is counted without the scanner: one event, no token,
+    the stream done — what observing it gives."""
+    dialect = dialect_for("/v1/chat/completions")
+    fast, reference = StreamStats(events=3, tokens=2), StreamStats(events=3, tokens=2)
+    assert dialect.count_chunk(b"data: [DONE]\n\n", fast)
+    dialect.observe(Event("message", "[DONE]", None, None), reference)
+    assert fast == reference
+    assert fast.done and fast.events == 4 and fast.tokens == 2
+    assert not dialect.count_chunk(b"data: [DONE]\n\ndata: [DONE]\n\n", StreamStats(events=1))
+
+
 def test_count_chunk_learns_the_frame_and_uses_it() -> None:
     """The first plain token chunk sets the frame; later chunks of that frame are counted
     by it (tokens, empty content), and a chunk of another shape falls back and is right."""
