@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from middleware.sse import CR, Event
+from middleware.sse import CR, LF, Event
 
 __all__ = ["Dialect", "StreamStats", "select", "sniff"]
 
@@ -98,18 +98,17 @@ class Frame:
         marker and a tail of its own (OpenAI's obfuscation pad, the emulator's timestamp)
         with no usage in it. Runs once per relayed token: one call, the usual tail decided
         without another; the caller counts."""
-        end = len(body)
         if not (
             body.startswith(self.prefix)
-            and body.find(b"\n") == end - 2
+            and LF not in body[:-2]  # one line, ended by the last two bytes (checked below)
             and body[self.start] != 34  # not the closing quote of ""
         ):
             return False
         if self.varies or not body.endswith(self.suffix):
-            if body[-1] != 10:
+            if body[-2:] != b"\n\n":
                 return False  # not the end of an event
             marker = self.marker
-            close = end - self.tail_len  # a tail as long as the learned one: the usual
+            close = len(body) - self.tail_len  # a tail as long as the learned one: the usual
             if body[close - len(marker) : close] != marker:
                 close = body.rfind(b"}]") + 2
                 if close <= self.start or body[close - len(marker) : close] != marker:
