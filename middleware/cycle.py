@@ -62,6 +62,8 @@ class Cycle:
     without slots).
     """
 
+    times: array[float]  # see __init__
+
     __slots__ = (
         "aborted_at",
         "before_body",
@@ -152,10 +154,10 @@ class Cycle:
         self.dialect: Dialect | None = None
         self.stats: StreamStats | None = None
         # Telemetry's token path (see `_relayed`): the stream's frame once learned, the tokens
-        # it has counted (added to `stats` by `stream_stats`), the record's chunk times.
+        # it has counted (added to `stats` by `stream_stats`), and `times`, the record's chunk
+        # times (set with the stats: read only once a frame is learned, so never unset then).
         self.frame: Frame | None = None
         self.frame_tokens = 0
-        self.times: array[float] | None = None
         self.inflater: Inflater | None = None
         self.before_body = True  # no body byte relayed yet
         self.wrote_before_body = False
@@ -433,9 +435,9 @@ class Cycle:
             if frame is not None and self.line_state is EVENT and frame.matches(body):
                 self.frame_tokens += 1
                 times = self.times
-                assert times is not None and self.record is not None
                 times.append(now)
                 if len(times) >= TIMES_KEPT:
+                    assert self.record is not None
                     self.record.gaps.fold()
             else:
                 self._observe(body, now, stats)
