@@ -105,6 +105,7 @@ class _Encoder:
     def __init__(self) -> None:
         self._strings: dict[tuple[bytes, str, str], bytes] = {}  # whole KeyValue fields
         self._keys: dict[str, bytes] = {}  # encoded key fields
+        self._heads: dict[tuple[bytes, str, int], bytes] = {}  # KeyValue fields to the value
         self._resources: dict[Resource, bytes] = {}
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
@@ -112,7 +113,7 @@ class _Encoder:
         """Each attribute as one `tag` field (a KeyValue)."""
         if not attributes:
             return b""
-        strings, keys = self._strings, self._keys
+        strings, heads = self._strings, self._heads
         parts = []
         # The SDK's BoundedAttributes is a Mapping whose items() runs in Python; its dict
         # is read directly where it has one.
@@ -125,24 +126,54 @@ class _Encoder:
                     encoded = strings[tag, key, value] = _field(tag, _key_value(key, value))
                 parts.append(encoded)
                 continue
-            name = keys.get(key)
-            if name is None:
-                if len(keys) >= _CACHE_LIMIT:
-                    keys.clear()
-                name = keys[key] = _field(b"\x0a", key.encode())
             kind = type(value)
             if kind is float:  # the usual number (times, rates): an AnyValue of 9 bytes
-                pair = name + b"\x12\x09\x21" + _double(value)
-            elif kind is int and 0 <= value < 0x80:  # counts that fit one varint byte
-                pair = name + b"\x12\x02\x18" + bytes((value,))
-            else:
-                try:
-                    pair = name + _field(b"\x12", _value(value))
-                except TypeError as error:  # the SDK's encoder logs and skips these too
-                    logger.warning("OTLP: attribute %s not exported: %s", key, error)
-                    continue
+                head = heads.get((tag, key, 9))  # floats are the only 9-byte values here
+                if head is None:
+                    head = self._head(tag, key, 0x21, 9)
+                parts.append(head + _double(value))
+                continue
+            if kind is int and 0 <= value < 0x80:  # counts that fit one varint byte
+                head = heads.get((tag, key, 2))
+                if head is None:
+                    head = self._head(tag, key, 0x18, 2)
+                parts.append(head + _BYTE[value])
+                continue
+            if kind is int and 0 <= value < 1 << 63:  # larger counts, times: a longer varint
+                payload = _varint(value)
+                size = len(payload) + 1
+                head = heads.get((tag, key, size))
+                if head is None:
+                    head = self._head(tag, key, 0x18, size)
+                parts.append(head + payload)
+                continue
+            try:
+                pair = self._key(key) + _field(b"\x12", _value(value))
+            except TypeError as error:  # the SDK's encoder logs and skips these too
+                logger.warning("OTLP: attribute %s not exported: %s", key, error)
+                continue
             parts.append(_field(tag, pair))
         return b"".join(parts)
+
+    def _key(self, key: str) -> bytes:
+        """The KeyValue's key field."""
+        name = self._keys.get(key)
+        if name is None:
+            if len(self._keys) >= _CACHE_LIMIT:
+                self._keys.clear()
+            name = self._keys[key] = _field(b"\x0a", key.encode())
+        return name
+
+    def _head(self, tag: bytes, key: str, kind: int, size: int) -> bytes:
+        """Everything of a `tag` KeyValue field before its value's payload, for values whose
+        AnyValue is `size` bytes: one type byte `kind` (0x21 double, 0x18 int), then the
+        payload. Cached by size: a double is 9 bytes, an int 2 to 10."""
+        if len(self._heads) >= _CACHE_LIMIT:
+            self._heads.clear()
+        pair = self._key(key) + b"\x12" + _BYTE[size] + _BYTE[kind]
+        head = tag + _varint(len(pair) + size - 1) + pair
+        self._heads[tag, key, size] = head
+        return head
 
     def resource(self, resource: Resource) -> bytes:
         encoded = self._resources.get(resource)
