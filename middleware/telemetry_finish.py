@@ -45,6 +45,7 @@ PROVIDERS = {
 }
 _CANCELLED = frozenset(FAILURES | {Outcome.CLIENT_DISCONNECTED, Outcome.SLOW_CLIENT})
 _UNSET = Status(StatusCode.UNSET)
+_to_json = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps makes one per call
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -233,5 +234,5 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         "cancel_latency_ms": _ms(cancel_latency),
     }
     # handle() a record made here: Logger.info would walk the stack for a caller nobody reads.
-    message = json.dumps(line, separators=(",", ":"))
+    message = _to_json(line)
     log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None))
