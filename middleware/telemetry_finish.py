@@ -80,7 +80,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
     cancel_latency = None
     if cycle.aborted_at is not None and cycle.stopped_at is not None:
         cancel_latency = max(0.0, cycle.stopped_at - cycle.aborted_at)
-    p50, p99 = gaps.quantile(0.5), gaps.quantile(0.99)
+    p50, p99 = gaps.quantiles(0.5, 0.99)
     tokens_per_second = gaps.tokens_per_second()
     request = record.request
     model = request.get(semconv.GEN_AI_REQUEST_MODEL)

@@ -106,16 +106,23 @@ class Gaps:
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""
+        return self.quantiles(q)[0]
+
+    def quantiles(self, *qs: float) -> list[float | None]:
+        """`quantile` of each of `qs` (ascending), in one walk of the buckets."""
         self.fold()
         if not self.count:
-            return None
-        rank = max(1, math.ceil(q * self.count))
+            return [None] * len(qs)
+        out: list[float | None] = []
+        ranks = [max(1, math.ceil(q * self.count)) for q in qs]
         seen = 0
         for index, n in self.buckets().items():
             seen += n
-            if seen >= rank:
-                return min(_midpoint(index), self.max)
-        return self.max  # not reached: the counts add up to self.count
+            while seen >= ranks[len(out)]:
+                out.append(min(_midpoint(index), self.max))
+                if len(out) == len(ranks):
+                    return out
+        return out + [self.max] * (len(qs) - len(out))  # not reached: counts add to count
 
     def tokens_per_second(self) -> float | None:
         """Content chunks per second after the first one (None with fewer than two)."""

@@ -8,6 +8,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from opentelemetry.semconv.attributes import (
@@ -51,6 +53,19 @@ def test_gap_quantiles_are_within_one_bucket_of_the_exact_ones() -> None:
         assert got is not None and abs(got - exact) / exact < 0.125, (q, got, exact)
     assert gaps.max == pytest.approx(max(values))
     assert gaps.count == 5000
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 5.0), min_size=1, max_size=300),
+    st.lists(st.floats(0.001, 1.0), min_size=1, max_size=4),
+)
+def test_gap_quantiles_in_one_walk_equal_each_alone(values: list[float], qs: list[float]) -> None:
+    """`quantiles` (one walk of the buckets, as `finish` reads p50 and p99) gives what
+    `quantile` gives for each q alone, ranks in one bucket and equal qs included."""
+    qs.sort()
+    gaps = gaps_of(values)
+    assert gaps.quantiles(*qs) == [gaps_of(values).quantile(q) for q in qs]
 
 
 def test_gap_memory_is_bounded_whatever_the_stream_length() -> None:
