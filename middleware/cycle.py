@@ -57,9 +57,9 @@ class Cycle:
 
     Slotted: a relayed chunk reads and writes a dozen of these fields, and with slots they
     sit in the object itself instead of a separate values array, fewer cache lines away
-    when the next token of this stream comes 20 ms and 49 other streams later: 10% less
+    when the next token of this stream comes 20 ms and 49 other streams later: 5-10% less
     CPU per token in scenario a (`python -m bench.paced --together`, against the same code
-    without slots).
+    without slots, two runs).
     """
 
     times: array[float]  # see __init__
