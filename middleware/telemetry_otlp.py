@@ -128,7 +128,7 @@ class _Encoder:
                 continue
             kind = type(value)
             if kind is float:  # the usual number (times, rates): an AnyValue of 9 bytes
-                head = heads.get((tag, key, 9))  # floats are the only 9-byte values here
+                head = heads.get((tag, key, 0x21))
                 if head is None:
                     head = self._head(tag, key, 0x21, 9)
                 parts.append(head + _double(value))
@@ -167,12 +167,13 @@ class _Encoder:
     def _head(self, tag: bytes, key: str, kind: int, size: int) -> bytes:
         """Everything of a `tag` KeyValue field before its value's payload, for values whose
         AnyValue is `size` bytes: one type byte `kind` (0x21 double, 0x18 int), then the
-        payload. Cached by size: a double is 9 bytes, an int 2 to 10."""
+        payload. Cached under (tag, key, 0x21) for doubles (always 9 bytes) and under
+        (tag, key, size) for ints (2 to 10 bytes): a key may hold either type."""
         if len(self._heads) >= _CACHE_LIMIT:
             self._heads.clear()
         pair = self._key(key) + b"\x12" + _BYTE[size] + _BYTE[kind]
         head = tag + _varint(len(pair) + size - 1) + pair
-        self._heads[tag, key, size] = head
+        self._heads[tag, key, kind if kind == 0x21 else size] = head
         return head
 
     def resource(self, resource: Resource) -> bytes:

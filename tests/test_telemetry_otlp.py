@@ -309,6 +309,19 @@ def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
     assert encoder.request(spans) == first == encode_spans(spans)
 
 
+def test_one_key_holding_a_float_then_an_int_of_the_same_size_is_written_as_each() -> None:
+    """The encoder caches what precedes a number's bytes per key and size; a double and an
+    int of 8 varint bytes are both 9-byte values, so the cache tells them apart by type:
+    one encoder writing both, for the same key, still writes what the SDK writes."""
+    from middleware.telemetry_otlp import _Encoder
+
+    encoder = _Encoder()
+    for value in (0.7, 2**50, 0.25, 2**50 + 1, 5):
+        spans = sdk_spans([{"k": value}, {"k": value}], remote_parent=False)
+        ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
+        assert ours == sdk_encode(spans), value
+
+
 async def test_a_batch_the_fast_encoder_cannot_write_goes_out_through_the_sdks_encoder(
     monkeypatch: Any,
 ) -> None:
