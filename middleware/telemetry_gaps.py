@@ -38,11 +38,12 @@ _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, m
 class Gaps:
     """Time between consecutive content-carrying chunks of one stream, in seconds.
 
-    Per chunk only its time is kept (`add`: an array append); every `FOLD_AT` times, and
-    before anything is read, the batch is folded into the buckets: differences and a sort
-    in C, then one step per non-empty bucket. Memory stays bounded: at most `FOLD_AT`
-    doubles plus the buckets. `count`, `total`, `max`, `first` and `last`
-    are current after `fold()` (the readers below fold first).
+    Per chunk only its time is kept: an array append (`add`, or the cycle's token path
+    appending to `times` itself and folding at `FOLD_AT`). Every `FOLD_AT` times, and before
+    anything is read, the batch is folded into the buckets: differences and a sort in C,
+    then one step per non-empty bucket. Memory stays bounded: at most `FOLD_AT` doubles
+    plus the buckets. `count`, `total`, `max`, `first` and `last` are current after
+    `fold()` (the readers below fold first).
     """
 
     __slots__ = ("count", "counts", "first", "last", "max", "times", "total")
@@ -111,7 +112,7 @@ class Gaps:
     def quantiles(self, *qs: float) -> list[float | None]:
         """`quantile` of each of `qs` (ascending), in one walk of the buckets."""
         self.fold()
-        if not self.count:
+        if not self.count or not qs:
             return [None] * len(qs)
         out: list[float | None] = []
         ranks = [max(1, math.ceil(q * self.count)) for q in qs]

@@ -2,11 +2,11 @@
 
 A `StreamRecord` is made in `Cycle.__init__` (so the span starts at request arrival, with an
 explicit timestamp) and finished by `observe` after the cycle has run. Between the two, the
-cycle calls `gaps.add()` (and `capture()` when content capture is on) once per
-content-carrying chunk; nothing else of telemetry runs per chunk. All times
-are read from the monotonic clock the cycle already keeps and turned into wall-clock nanoseconds
-against the pair (time_ns, monotonic) taken at arrival, so span durations and the TTFT
-attribute agree with the cycle's own deadlines.
+cycle adds each content-carrying chunk's time to `gaps` (on its token path by appending to
+`gaps.times` directly) and calls `capture()` when content capture is on; nothing else of
+telemetry runs per chunk. All times are read from the monotonic clock the cycle already
+keeps and turned into wall-clock nanoseconds against the pair (time_ns, monotonic) taken at
+arrival, so span durations and the TTFT attribute agree with the cycle's own deadlines.
 """
 
 from __future__ import annotations
