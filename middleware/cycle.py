@@ -439,9 +439,12 @@ class Cycle:
                 if len(times) >= TIMES_KEPT:
                     assert self.record is not None
                     self.record.gaps.fold()
-            else:
-                self._observe(body, now, stats)
-                self.frame = stats.frame
+                # One whole event, as the frame checked: the line state stays EVENT.
+                self.chunks += 1
+                self.bytes += len(body)
+                return
+            self._observe(body, now, stats)
+            self.frame = stats.frame
         elif self.scanner is not None:
             self._scan(body, now)
         elif self.first_token_at is None:
