@@ -81,7 +81,7 @@ class Frame:
     `prefix` up to the string's opening quote, `marker` from its closing quote to the end
     of the choices array, `suffix` from that quote to the end of the chunk."""
 
-    __slots__ = ("marker", "prefix", "start", "suffix", "tail_len", "varies")
+    __slots__ = ("marker", "prefix", "shortest", "start", "suffix", "tail_len", "varies")
 
     def __init__(self, prefix: bytes, marker: bytes, suffix: bytes) -> None:
         self.prefix = prefix
@@ -89,6 +89,8 @@ class Frame:
         self.marker = marker
         self.suffix = suffix
         self.tail_len = len(suffix) - len(marker)
+        # A token chunk holds the prefix, one content byte, the marker and a line end at least.
+        self.shortest = self.start + 1 + len(marker) + 2
         self.varies = False  # a token chunk has had a tail other than the learned one
 
     def matches(self, body: bytes) -> bool:
@@ -99,7 +101,8 @@ class Frame:
         with no usage in it. Runs once per relayed token: one call, the usual tail decided
         without another; the caller counts."""
         if not (
-            body.startswith(self.prefix)
+            len(body) >= self.shortest  # a read may end anywhere, right after the prefix too
+            and body.startswith(self.prefix)
             and LF not in body[:-2]  # one line, ended by the last two bytes (checked below)
             and body[self.start] != 34  # not the closing quote of ""
         ):

@@ -267,6 +267,25 @@ async def test_idle_timeout_in_middleware_mode_is_a_server_span_with_error() -> 
     assert a[semconv.SERVER_PORT] == port
 
 
+async def test_a_read_ending_where_a_token_starts_is_relayed_and_counted() -> None:
+    """A token chunk cut by the upstream's reads right after its content's opening quote
+    (the learned frame's whole prefix, and nothing more) is relayed byte for byte and
+    counted once: the frame check must not index past the chunk (it raised IndexError)."""
+    spans = Spans()
+    cut = chunk("b")
+    at = cut.index(b'"content":"') + len(b'"content":"')
+    app = scripted([(0, ROLE), (0, chunk("a")), (0, cut[:at]), (0, cut[at:]), (0, DONE)])
+    async with serve(StreamGuard(app, telemetry=spans.telemetry)) as port:
+        response = await clients.request(port, "POST", "/v1/chat/completions", body=b"{}")
+        body = await response.body()
+        response.close()
+        span = await spans.one()
+    assert body == ROLE + chunk("a") + cut + DONE
+    a = dict(span.attributes or {})
+    assert a[semconv.OUTCOME] == "completed"
+    assert a[semconv.TOKENS] == 2
+
+
 async def test_app_failure_mid_stream_is_upstream_error() -> None:
     """An app that raises mid-stream: outcome upstream_error, ERROR, an exception event."""
     spans = Spans()

@@ -1,0 +1,107 @@
+"""Telemetry's token counting against upstream reads cut anywhere.
+
+The guard counts most tokens on a fast path (the stream's learned frame, `Frame.matches`)
+that only sees chunks starting at an event boundary; an upstream's reads can end at any
+byte. Whatever the cuts, the bytes must pass unchanged and the span must count what the
+stream holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from middleware import semconv
+from middleware.guard import StreamGuard
+from middleware.telemetry import Telemetry
+from middleware.types import Message
+from tests.apps import SCOPE, SSE_HEADERS
+
+BASE = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1730000000, "model": "m"}
+
+
+def event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None, **top: Any) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return event({**BASE, "choices": [choice], **top})
+
+
+contents = st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=6), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(contents, st.booleans(), st.data())
+def test_token_counts_and_bytes_survive_reads_cut_anywhere(
+    texts: list[str], stamped: bool, data: st.DataObject
+) -> None:
+    """A chat stream (role, token chunks with any content — empty, quotes, backslashes,
+    non-ASCII — with or without a per-chunk tail like the emulator's stamp, finish, usage,
+    [DONE]) cut into reads at arbitrary bytes: the client gets the same bytes, the stream
+    completes, and the span counts one token per non-empty content chunk and the usage."""
+    role = chat_chunk({"role": "assistant", "content": ""})
+    tokens = [
+        chat_chunk({"content": t}, **({"t": 10**18 + i} if stamped else {}))
+        for i, t in enumerate(texts)
+    ]
+    usage = event({**BASE, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}})
+    end = chat_chunk({}, "stop") + usage + b"data: [DONE]\n\n"
+    stream = role + b"".join(tokens) + end
+    # Cuts anywhere, and often where the fast path looks: chunk ends and content starts.
+    marks, start = [], 0
+    for piece in (role, *tokens):
+        content = start + piece.index(b'"content":"') + len(b'"content":"')
+        start += len(piece)
+        marks += [content - 1, content, content + 1, start - 1, start]
+    anywhere = st.integers(min_value=1, max_value=len(stream) - 1)
+    cuts = data.draw(st.lists(st.one_of(anywhere, st.sampled_from(marks)), max_size=25))
+    if data.draw(st.booleans()):  # or at every chunk's end, and near some contents' start
+        offset = data.draw(st.sampled_from([-1, 0, 1]))
+        pieces = len(marks) // 5
+        inside = data.draw(st.lists(st.booleans(), min_size=pieces, max_size=pieces))
+        cuts += marks[4::5] + [
+            m + offset for m, cut in zip(marks[1::5], inside, strict=True) if cut
+        ]
+    points = sorted(set(cuts) - {0, len(stream)})
+    reads = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry(span_processor=SimpleSpanProcessor(exporter))
+    sent: list[Message] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        for read in reads:
+            await send({"type": "http.response.body", "body": read, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def run() -> None:
+        await StreamGuard(app, telemetry=telemetry, keepalive_interval=None)(
+            dict(SCOPE), receive, send
+        )
+
+    asyncio.run(run())
+    telemetry.shutdown()
+    out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert out == stream
+    (span,) = exporter.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    assert attributes[semconv.OUTCOME] == "completed"
+    assert attributes[semconv.TOKENS] == sum(1 for t in texts if t)
+    assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 7
+    assert attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
