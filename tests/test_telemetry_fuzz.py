@@ -35,30 +35,52 @@ def chat_chunk(delta: dict[str, Any], finish: str | None = None, **top: Any) -> 
     return event({**BASE, "choices": [choice], **top})
 
 
+def completion_chunk(text: str, finish: str | None = None, **top: Any) -> bytes:
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    return event({**BASE, "object": "text_completion", "choices": [choice], **top})
+
+
+# Per API: its path, the key before a token's text, its first chunk, a token chunk, its last.
+SHAPES = {
+    "chat": (
+        "/v1/chat/completions",
+        b'"content":"',
+        chat_chunk({"role": "assistant", "content": ""}),
+        lambda text, **top: chat_chunk({"content": text}, **top),
+        chat_chunk({}, "stop"),
+    ),
+    "completions": (
+        "/v1/completions",
+        b'"text":"',
+        completion_chunk(""),
+        completion_chunk,
+        completion_chunk("", "stop"),
+    ),
+}
+
+
 contents = st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=6), max_size=12)
 
 
 @settings(max_examples=200, deadline=None)
-@given(contents, st.booleans(), st.data())
+@given(st.sampled_from(sorted(SHAPES)), contents, st.booleans(), st.data())
 def test_token_counts_and_bytes_survive_reads_cut_anywhere(
-    texts: list[str], stamped: bool, data: st.DataObject
+    api: str, texts: list[str], stamped: bool, data: st.DataObject
 ) -> None:
-    """A chat stream (role, token chunks with any content — empty, quotes, backslashes,
-    non-ASCII — with or without a per-chunk tail like the emulator's stamp, finish, usage,
-    [DONE]) cut into reads at arbitrary bytes: the client gets the same bytes, the stream
-    completes, and the span counts one token per non-empty content chunk and the usage."""
-    role = chat_chunk({"role": "assistant", "content": ""})
-    tokens = [
-        chat_chunk({"content": t}, **({"t": 10**18 + i} if stamped else {}))
-        for i, t in enumerate(texts)
-    ]
+    """A chat or completions stream (first chunk, token chunks with any text — empty,
+    quotes, backslashes, non-ASCII — with or without a per-chunk tail like the emulator's
+    stamp, finish, usage, [DONE]) cut into reads at arbitrary bytes: the client gets the
+    same bytes, the stream completes, and the span counts one token per non-empty text and
+    the usage."""
+    path, key, role, token, last = SHAPES[api]
+    tokens = [token(t, **({"t": 10**18 + i} if stamped else {})) for i, t in enumerate(texts)]
     usage = event({**BASE, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}})
-    end = chat_chunk({}, "stop") + usage + b"data: [DONE]\n\n"
+    end = last + usage + b"data: [DONE]\n\n"
     stream = role + b"".join(tokens) + end
     # Cuts anywhere, and often where the fast path looks: chunk ends and content starts.
     marks, start = [], 0
     for piece in (role, *tokens):
-        content = start + piece.index(b'"content":"') + len(b'"content":"')
+        content = start + piece.index(key) + len(key)
         start += len(piece)
         marks += [content - 1, content, content + 1, start - 1, start]
     anywhere = st.integers(min_value=1, max_value=len(stream) - 1)
@@ -91,9 +113,8 @@ def test_token_counts_and_bytes_survive_reads_cut_anywhere(
         sent.append(message)
 
     async def run() -> None:
-        await StreamGuard(app, telemetry=telemetry, keepalive_interval=None)(
-            dict(SCOPE), receive, send
-        )
+        scope = {**SCOPE, "path": path, "raw_path": path.encode()}
+        await StreamGuard(app, telemetry=telemetry, keepalive_interval=None)(scope, receive, send)
 
     asyncio.run(run())
     telemetry.shutdown()
