@@ -21,9 +21,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from middleware import semconv
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
+from middleware.telemetry import Telemetry
 from middleware.types import Message, Receive, Scope, Send
 from sidecar.config import load
 from sidecar.inbound import protocol_class
@@ -217,12 +221,45 @@ sse_bytes = st.lists(
 )
 
 
+# Pieces of real LLM chunks too, so telemetry's dialects and its learned frame see
+# near-valid JSON, tails, usage and cut events, not only noise.
+llm_bytes = st.lists(
+    st.one_of(
+        sse_bytes.map(b"".join),
+        st.sampled_from(
+            [
+                b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{'
+                b'"index":0,"delta":{"content":"',
+                b'data: {"choices":[{"text":"',
+                b"x",
+                b'\\"',
+                b'"},"logprobs":null,"finish_reason":null}]}\n\n',
+                b'"},"finish_reason":"stop"}],"usage":{"completion_tokens":2}}\n\n',
+                b'"}}],"obfuscation":"q"}\n\n',
+                b'event: content_block_delta\ndata: {"delta":{"text":"',
+                b'data: {"token":{"text":"',
+                b"}\n\n",
+                b"data: [DONE]\n\n",
+            ]
+        ),
+    ),
+    max_size=30,
+)
+
+
 @settings(max_examples=200, deadline=None)
-@given(chunks=sse_bytes)
-async def test_any_upstream_bytes_pass_through_the_guard_unchanged(chunks: list[bytes]) -> None:
-    """Whatever bytes an upstream streams as SSE (broken UTF-8, lone CR, NUL, BOMs), the guard
-    neither fails nor alters them."""
-    guard = StreamGuard(relay_app(chunks), keepalive_interval=None)
+@given(chunks=llm_bytes, telemetry=st.booleans())
+async def test_any_upstream_bytes_pass_through_the_guard_unchanged(
+    chunks: list[bytes], telemetry: bool
+) -> None:
+    """Whatever bytes an upstream streams as SSE (broken UTF-8, lone CR, NUL, BOMs, pieces of
+    LLM chunks in any order), the guard neither fails nor alters them, with telemetry (its
+    dialects and token counting read every chunk) or without."""
+    recorder = None
+    if telemetry:
+        exporter = InMemorySpanExporter()
+        recorder = Telemetry(span_processor=SimpleSpanProcessor(exporter))
+    guard = StreamGuard(relay_app(chunks), keepalive_interval=None, telemetry=recorder)
     sent: list[Message] = []
     delivered = False
 
@@ -237,8 +274,13 @@ async def test_any_upstream_bytes_pass_through_the_guard_unchanged(chunks: list[
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": "/v1/stream", "raw_path": b"/v1/stream"}
+    path = "/v1/chat/completions" if telemetry else "/v1/stream"
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode()}
     scope |= {"headers": [], "query_string": b"", "http_version": "1.1", "scheme": "http"}
     await guard(scope, receive, send)
     out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     assert sent[0]["status"] == 200 and out == b"".join(chunks)
+    if recorder is not None:
+        recorder.shutdown()
+        (span,) = exporter.get_finished_spans()
+        assert dict(span.attributes or {})[semconv.OUTCOME] == "completed"
