@@ -422,8 +422,10 @@ class Cycle:
 
     def _relayed(self, body: bytes, now: float) -> None:
         """Account for a body chunk given to the server (by `send` or `send_nowait`): the
-        idle clock, the first token or telemetry, the SSE line state, the counts."""
+        idle clock, the counts, the first token or telemetry, the SSE line state."""
         self.last_chunk = now
+        self.chunks += 1
+        self.bytes += len(body)
         stats = self.stats
         if stats is not None:
             # Telemetry on. The usual token chunk, once the stream's frame is known (learned by
@@ -439,10 +441,7 @@ class Cycle:
                 if len(times) >= TIMES_KEPT:
                     assert self.record is not None
                     self.record.gaps.fold()
-                # One whole event, as the frame checked: the line state stays EVENT.
-                self.chunks += 1
-                self.bytes += len(body)
-                return
+                return  # one whole event, as the frame checked: the line state stays EVENT
             self._observe(body, now, stats)
             self.frame = stats.frame
         elif self.scanner is not None:
@@ -451,8 +450,6 @@ class Cycle:
             self.first_token_at = now
         # The usual chunk ends an event: the automaton's first rule, without the call.
         self.line_state = EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
-        self.chunks += 1
-        self.bytes += len(body)
 
     def stream_stats(self) -> StreamStats | None:
         """The stream's stats (None without telemetry or SSE), with the tokens counted on the
