@@ -105,7 +105,7 @@ class _Encoder:
     def __init__(self) -> None:
         self._strings: dict[tuple[bytes, str, str], bytes] = {}  # whole KeyValue fields
         self._keys: dict[str, bytes] = {}  # encoded key fields
-        self._heads: dict[tuple[bytes, str, int], bytes] = {}  # KeyValue fields to the value
+        self._heads: dict[tuple[bytes, str, int, int], bytes] = {}  # KeyValues to the value
         self._resources: dict[Resource, bytes] = {}
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
@@ -126,25 +126,18 @@ class _Encoder:
                     encoded = strings[tag, key, value] = _field(tag, _key_value(key, value))
                 parts.append(encoded)
                 continue
+            # The usual numbers (times, rates, counts): a cached head, then the value's bytes.
             kind = type(value)
-            if kind is float:  # the usual number (times, rates): an AnyValue of 9 bytes
-                head = heads.get((tag, key, 0x21))
+            if kind is float:
+                number, payload = 0x21, _double(value)
+            elif kind is int and 0 <= value < 1 << 63:
+                number, payload = 0x18, _varint(value)
+            else:
+                number = 0
+            if number:
+                head = heads.get((tag, key, number, len(payload)))
                 if head is None:
-                    head = self._head(tag, key, 0x21, 9)
-                parts.append(head + _double(value))
-                continue
-            if kind is int and 0 <= value < 0x80:  # counts that fit one varint byte
-                head = heads.get((tag, key, 2))
-                if head is None:
-                    head = self._head(tag, key, 0x18, 2)
-                parts.append(head + _BYTE[value])
-                continue
-            if kind is int and 0 <= value < 1 << 63:  # larger counts, times: a longer varint
-                payload = _varint(value)
-                size = len(payload) + 1
-                head = heads.get((tag, key, size))
-                if head is None:
-                    head = self._head(tag, key, 0x18, size)
+                    head = self._head(tag, key, number, len(payload))
                 parts.append(head + payload)
                 continue
             try:
@@ -164,16 +157,14 @@ class _Encoder:
             name = self._keys[key] = _field(b"\x0a", key.encode())
         return name
 
-    def _head(self, tag: bytes, key: str, kind: int, size: int) -> bytes:
-        """Everything of a `tag` KeyValue field before its value's payload, for values whose
-        AnyValue is `size` bytes: one type byte `kind` (0x21 double, 0x18 int), then the
-        payload. Cached under (tag, key, 0x21) for doubles (always 9 bytes) and under
-        (tag, key, size) for ints (2 to 10 bytes): a key may hold either type."""
+    def _head(self, tag: bytes, key: str, number: int, size: int) -> bytes:
+        """Everything of a `tag` KeyValue field before a number's `size` payload bytes: the
+        key, and the AnyValue's length and type byte `number` (0x21 double, 0x18 int)."""
         if len(self._heads) >= _CACHE_LIMIT:
             self._heads.clear()
-        pair = self._key(key) + b"\x12" + _BYTE[size] + _BYTE[kind]
-        head = tag + _varint(len(pair) + size - 1) + pair
-        self._heads[tag, key, kind if kind == 0x21 else size] = head
+        pair = self._key(key) + b"\x12" + _BYTE[size + 1] + _BYTE[number]
+        head = tag + _varint(len(pair) + size) + pair
+        self._heads[tag, key, number, size] = head
         return head
 
     def resource(self, resource: Resource) -> bytes:
