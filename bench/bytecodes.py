@@ -73,13 +73,11 @@ def main() -> int:
     args = parser.parse_args()
     stamped = not args.unstamped
     on, off = rates(args.setup, stamped), rates("off", stamped)
-    extra = {
-        key: (
-            on.get(key, (0.0, 0.0))[0] - off.get(key, (0.0, 0.0))[0],
-            on.get(key, (0.0, 0.0))[1] - off.get(key, (0.0, 0.0))[1],
-        )
-        for key in {*on, *off}
-    }
+    none = (0.0, 0.0)
+    extra = {}
+    for key in {*on, *off}:
+        (token_on, stream_on), (token_off, stream_off) = on.get(key, none), off.get(key, none)
+        extra[key] = (token_on - token_off, stream_on - stream_off)
     shape = "the emulator's stamped chunks" if stamped else "vLLM-shaped chunks"
     print(f"setup {args.setup} against off, {shape}: bytecodes added")
     for column, label in ((0, "per token"), (1, "per stream")):

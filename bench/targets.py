@@ -279,10 +279,10 @@ def session(target: str, sink_port: int, module: str = "sidecar") -> Iterator[Se
 
 def alt_root() -> Path:
     """The tree the `alt` targets run from (`BENCH_ALT`)."""
-    path = Path(os.environ.get("BENCH_ALT", ""))
-    if not os.environ.get("BENCH_ALT") or not (path / "sidecar" / "__main__.py").is_file():
+    alt = os.environ.get("BENCH_ALT")
+    if not alt or not (Path(alt) / "sidecar" / "__main__.py").is_file():
         raise RuntimeError("the alt targets need BENCH_ALT=<another sidestream tree>")
-    return path.resolve()
+    return Path(alt).resolve()
 
 
 def nginx_binary() -> str | None:
