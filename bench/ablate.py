@@ -1,0 +1,94 @@
+"""`python -m bench.ablate [--reps N]`: what telemetry would cost with parts of it removed.
+
+The budget "telemetry on costs at most 15% more CPU per token than off" (scenario a) needs
+to know where the floor is, not only where the cost goes. This runs `bench.paced --together`
+(sidestream, sidestream+otel and an `alt+otel` built from this commit with parts of
+telemetry cut out) once per ablation:
+
+- `frame`: the per-token frame check reduced to one `startswith` of the learned prefix (what
+  the cheapest conceivable check would cost; right for the benchmark's clean streams only);
+- `finish`: the end of each stream skipped (no span ended, so nothing encoded or exported,
+  no metrics, no access-log line);
+- `both`: the two together: what the rest of telemetry (record start, the stream's role,
+  finish and usage chunks parsed as events, the count and time of each token) costs alone.
+
+Each ablated tree is a `git worktree` of HEAD (committed code only) in a temporary folder,
+patched by replacing one anchor line per part; an anchor that is no longer in the source
+stops the run with its name. The trees are removed at the end. Takes about 3 minutes per
+ablation with the default 8 repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench import paced
+from bench.targets import ROOT
+
+# part -> (file, the anchor, what replaces it: the anchor with the cut before it)
+_FRAME = (
+    "middleware/dialects.py",
+    '        without another; the caller counts."""\n',
+    '        without another; the caller counts."""\n'
+    "        return body.startswith(self.prefix)  # ABLATED\n",
+)
+_FINISH = (
+    "middleware/telemetry_finish.py",
+    "    telemetry = record.telemetry\n    end = time.monotonic()\n",
+    "    cycle.stream_stats()\n    return  # ABLATED\n"
+    "    telemetry = record.telemetry\n    end = time.monotonic()\n",
+)
+ABLATIONS = {"frame": [_FRAME], "finish": [_FINISH], "both": [_FRAME, _FINISH]}
+
+
+def patch(tree: Path, parts: list[tuple[str, str, str]]) -> None:
+    """Apply each part's replacement in `tree`; its anchor must be there exactly once."""
+    for name, anchor, replacement in parts:
+        path = tree / name
+        source = path.read_text()
+        if source.count(anchor) != 1:
+            raise SystemExit(f"bench.ablate: the anchor for {name} is not in the source once")
+        path.write_text(source.replace(anchor, replacement))
+
+
+@contextlib.contextmanager
+def worktree() -> Iterator[Path]:
+    """A detached worktree of HEAD in a temporary folder, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-ablate-") as tmp:
+        tree = Path(tmp) / "tree"
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", str(tree), "HEAD"], check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ablate", description=__doc__)
+    parser.add_argument("--reps", type=int, default=8, help="repetitions (default 8)")
+    parser.add_argument(
+        "--only", choices=sorted(ABLATIONS), action="append", help="run only these ablations"
+    )
+    args = parser.parse_args(argv)
+    for name in args.only or list(ABLATIONS):
+        with worktree() as tree:
+            patch(tree, ABLATIONS[name])
+            print(f"\n## ablation {name}: alt+otel is sidestream+otel without it", flush=True)
+            os.environ["BENCH_ALT"] = str(tree)
+            targets = "sidestream,sidestream+otel,alt+otel"
+            status = paced.main(["--together", "--targets", targets, "--reps", str(args.reps)])
+            if status:
+                return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
