@@ -6,8 +6,9 @@ several of these (pinned to the load core) with a shared `start_at` so they begi
 Each stream is a fresh TCP connection sending one `POST /v1/chat/completions` with the
 emulator's pacing headers. The response is decoded just enough: status line, chunked
 framing, then SSE events split on a blank line. A content token is an event with
-`"delta":{"content":`; its `"sidestream_sent_ns"` stamp (CLOCK_MONOTONIC, same machine)
-gives the one-way latency of that token. Deliberately no HTTP library: the generator must
+`"delta":{"content":`; its send time (CLOCK_MONOTONIC ns, same machine: the emulator's
+stamp, config `"stamp"`: `"content"` as the token's text, `"tail"` or true as a
+`"sidestream_sent_ns"` field after the choices) gives the one-way latency of that token. Deliberately no HTTP library: the generator must
 cost far less per token than anything it measures.
 
 Modes: "streams" runs `concurrency` lanes, each opening streams back to back until
@@ -30,13 +31,15 @@ from typing import Any, cast
 import uvloop
 
 CONTENT = b'"delta":{"content":'
-STAMP = b'"sidestream_sent_ns":'
+# Where each stamp mode puts the send time: the bytes before the number and the one after it.
+STAMPS = {"content": (CONTENT + b'"', b'"'), "tail": (b'"sidestream_sent_ns":', b"}")}
 DONE = b"data: [DONE]"
 BODY = b'{"model":"emulator","messages":[{"role":"user","content":"hi"}],"stream":true}'
 
 
 def request(host: str, port: int, cfg: dict[str, Any]) -> bytes:
-    stamp = b"X-Emulator-Stamp: 1\r\n" if cfg.get("stamp") else b""
+    mode = _stamp_mode(cfg)
+    stamp = b"X-Emulator-Stamp: %s\r\n" % mode.encode() if mode else b""
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\n"
         b"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
@@ -53,6 +56,12 @@ def request(host: str, port: int, cfg: dict[str, Any]) -> bytes:
             BODY,
         )
     )
+
+
+def _stamp_mode(cfg: dict[str, Any]) -> str | None:
+    """The config's stamp mode: "content", "tail" (also for true), or None."""
+    stamp = cfg.get("stamp")
+    return "tail" if stamp is True else stamp or None
 
 
 class Chunked:
@@ -98,10 +107,13 @@ class Chunked:
 class Stream(asyncio.Protocol):
     """One request/response on its own connection; `done` resolves when it ends."""
 
-    def __init__(self, req: bytes, close_after: int | None, lat: list[int] | None) -> None:
+    def __init__(
+        self, req: bytes, close_after: int | None, lat: list[int] | None, stamp: str | None
+    ) -> None:
         self.req = req
         self.close_after = close_after
         self.lat = lat
+        self.stamp_at, self.stamp_end = STAMPS[stamp] if stamp else (b"", b"")
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self.t0 = time.monotonic_ns()
@@ -157,10 +169,10 @@ class Stream(asyncio.Protocol):
                 if not self.first_ns:
                     self.first_ns = now
                 if self.lat is not None:
-                    i = event.find(STAMP)
+                    i = event.find(self.stamp_at)
                     if i >= 0:
-                        i += len(STAMP)
-                        self.lat.append(now - int(event[i : event.index(b"}", i)]))
+                        i += len(self.stamp_at)
+                        self.lat.append(now - int(event[i : event.index(self.stamp_end, i)]))
                 if self.close_after is not None and self.tokens >= self.close_after:
                     self.cancelled_at = time.monotonic()
                     self._finish("")
@@ -186,10 +198,15 @@ class Stream(asyncio.Protocol):
 
 
 async def open_stream(
-    host: str, port: int, req: bytes, close_after: int | None, lat: list[int] | None
+    host: str,
+    port: int,
+    req: bytes,
+    close_after: int | None,
+    lat: list[int] | None,
+    stamp: str | None = None,
 ) -> Stream:
     loop = asyncio.get_running_loop()
-    stream = Stream(req, close_after, lat)
+    stream = Stream(req, close_after, lat, stamp)
     try:
         await loop.create_connection(lambda: stream, host, port)
     except OSError as exc:
@@ -200,7 +217,8 @@ async def open_stream(
 async def run_streams(cfg: dict[str, Any]) -> dict[str, Any]:
     host, port = cfg.get("host", "127.0.0.1"), cfg["port"]
     req = request(host, port, cfg)
-    lat: list[int] | None = [] if cfg.get("stamp") else None
+    stamp = _stamp_mode(cfg)
+    lat: list[int] | None = [] if stamp else None
     records: list[list[Any]] = []
     budget = [cfg.get("streams") or 1 << 60]
     deadline = time.monotonic() + cfg["duration"] if cfg.get("duration") else float("inf")
@@ -211,7 +229,7 @@ async def run_streams(cfg: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(delay)
         while budget[0] > 0 and time.monotonic() < deadline:
             budget[0] -= 1
-            stream = await open_stream(host, port, req, close_after, lat)
+            stream = await open_stream(host, port, req, close_after, lat, stamp)
             streams_now.add(stream)
             timeout = deadline - time.monotonic() if deadline != float("inf") else None
             try:

@@ -42,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--together", action="store_true", help="run the targets at the same time (see above)"
     )
+    parser.add_argument(
+        "--stamp",
+        choices=("content", "tail"),
+        default="content",
+        help="where the emulator puts each chunk's send time: in the token's text (vLLM's "
+        "chunk shape, the default) or in a field after the choices (a tail per chunk)",
+    )
     args = parser.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     unknown = [t for t in targets if t not in TARGETS or t == "direct"]
@@ -58,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for rep in range(args.reps):
             if args.together:
-                figures = together(targets, sink_port, args.tokens)
+                figures = together(targets, sink_port, args.tokens, args.stamp)
             else:
                 figures = {}
                 for target in rotate(targets, rep):
                     with session(target, sink_port) as s:
-                        figures[target] = scenarios.paced(s, tokens=args.tokens)["a_cpu_100k"]
+                        run = scenarios.paced(s, tokens=args.tokens, stamp=args.stamp)
+                        figures[target] = run["a_cpu_100k"]
             base = figures[targets[0]]
             line = [f"rep {rep + 1}:"]
             for target in targets:
@@ -74,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                     line.append(f"({ratios[target][-1]:.2f}x)")
             print(" ".join(line), flush=True)
     when = "at the same time" if args.together else "in turns"
-    print(f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions, {when}")
+    print(
+        f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions, {when}, "
+        f"stamp in the {args.stamp}"
+    )
     print(f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) |")
     print("|---|---|---|")
     for target in targets:
@@ -83,14 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def together(targets: list[str], sink_port: int, tokens: int) -> dict[str, float]:
+def together(targets: list[str], sink_port: int, tokens: int, stamp: str) -> dict[str, float]:
     """Scenario a's CPU per 100k tokens of each target, all loaded at once."""
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
 
         def load(target: str) -> None:
-            figures[target] = scenarios.paced(sessions[target], tokens=tokens)["a_cpu_100k"]
+            run = scenarios.paced(sessions[target], tokens=tokens, stamp=stamp)
+            figures[target] = run["a_cpu_100k"]
 
         threads = [threading.Thread(target=load, args=(t,)) for t in targets]
         for thread in threads:

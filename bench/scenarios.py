@@ -10,6 +10,10 @@ CPU is the proxy tree's CPU time (`procstat.cpu_seconds`) across the load run (t
 idles before and after), and for sidestream+otel also the span exporter's next batch after
 it (`Session.settle_s`).
 Latency and TTFT are absolute here; `report` subtracts `direct` within the same repetition.
+The emulator stamps each token's send time into its text (`stamp="content"`), so the chunks
+have vLLM's shape: they differ only in their content. `paced(..., stamp="tail")` measures
+the other shape, a top-level field after the choices that differs per chunk (OpenAI's
+obfuscation pad has that shape), which telemetry's token check takes a longer path for.
 """
 
 from __future__ import annotations
@@ -69,8 +73,10 @@ def _streams(s: Session, cfg: dict[str, Any], timeout: float) -> tuple[list[Any]
     return result["streams"], result["latencies_ns"], cpu
 
 
-def paced(s: Session, streams: int = 50, tokens: int = 200, itl_ms: float = 20) -> Figures:
-    cfg = dict(concurrency=streams, streams=streams, tokens=tokens, itl_ms=itl_ms, stamp=True)
+def paced(
+    s: Session, streams: int = 50, tokens: int = 200, itl_ms: float = 20, stamp: str = "content"
+) -> Figures:
+    cfg = dict(concurrency=streams, streams=streams, tokens=tokens, itl_ms=itl_ms, stamp=stamp)
     cfg["stagger_s"] = itl_ms / 1000
     records, lat, cpu = _streams(s, cfg, timeout=tokens * itl_ms / 1000 + 60)
     got = sum(r[1] for r in records)
@@ -163,7 +169,7 @@ def cancel(s: Session, streams: int = 100, spacing_s: float = 0.015) -> Figures:
 
 
 def connect(s: Session, n: int = 200) -> Figures:
-    cfg = dict(concurrency=1, streams=n, tokens=1, itl_ms=0, stamp=True)
+    cfg = dict(concurrency=1, streams=n, tokens=1, itl_ms=0, stamp="content")
     records, _, _ = _streams(s, cfg, timeout=60)
     ttft = [r[0] / 1e6 for r in records if r[0] >= 0]
     return {"e_p50_ms": pct(ttft, 50), "e_p99_ms": pct(ttft, 99), "e_ok": len(ttft)}

@@ -256,6 +256,32 @@ async def test_stamps_only_with_header(emu: Emu) -> None:
     assert not any("sidestream_sent_ns" in c for c in plain[:-1])
 
 
+@module_loop
+@pytest.mark.parametrize("how", ["header", "body"])
+async def test_a_content_stamp_is_the_token_text_and_leaves_the_chunk_shape_alone(
+    emu: Emu, how: str
+) -> None:
+    """`X-Emulator-Stamp: content` (or "stamp": "content") sends each content chunk's
+    monotonic_ns as its text, and nothing else changes: the chunk's bytes are a plain
+    chunk's with only the content string replaced (vLLM's shape: no per-chunk tail)."""
+    sidestream: dict[str, object] = {**FAST, "tokens": 4}
+    headers = [("X-Emulator-Stamp", "content")] if how == "header" else []
+    if how == "body":
+        sidestream["stamp"] = "content"
+    body = {"messages": MESSAGES, "stream": True, "sidestream": sidestream}
+    response = await post(emu.port, "/v1/chat/completions", body, headers)
+    raw = await response.body()
+    response.close()
+    chunks = datas(raw)
+    stamps = [int(c["choices"][0]["delta"]["content"]) for c in chunks[1:5]]
+    assert stamps == sorted(stamps) and stamps[-1] <= time.monotonic_ns()
+    assert stamps[0] > time.monotonic_ns() - 60 * 10**9
+    assert all(set(c) == set(chunks[0]) for c in chunks[1:5])  # no added field
+    lines = [line for line in raw.split(b"\n\n") if b'"delta":{"content":"' in line]
+    assert len(lines) == 4
+    assert len({line[line.index(b'"},"logprobs"') :] for line in lines}) == 1  # one tail
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -390,6 +416,8 @@ BAD_REQUESTS: list[Case] = [
     (CHAT, {"messages": MESSAGES, "sidestream": {"text": ""}}, [], "sidestream.text"),
     (CHAT, {"messages": MESSAGES, "sidestream": {"text": ["a"]}}, [], "sidestream.text"),
     (CHAT, {"messages": MESSAGES, "sidestream": {"stamp": 1}}, [], "sidestream.stamp"),
+    (CHAT, {"messages": MESSAGES, "sidestream": {"stamp": "end"}}, [], "sidestream.stamp"),
+    (CHAT, {"messages": MESSAGES}, [("X-Emulator-Stamp", "yes")], "X-Emulator-Stamp"),
     (CHAT, {"messages": MESSAGES}, [("X-Emulator-TTFT-Ms", "soon")], "X-Emulator-TTFT-Ms"),
     (CHAT, {"messages": MESSAGES}, [("X-Emulator-ITL-Ms", "nan")], "X-Emulator-ITL-Ms"),
     (CHAT, {"messages": MESSAGES}, [("X-Emulator-ITL-Ms", "1e9")], "X-Emulator-ITL-Ms"),

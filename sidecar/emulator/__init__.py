@@ -32,8 +32,10 @@ Tokens cycle through a built-in English passage, or `text` split into word-ish t
 code points (a given `text` without `tokens` is streamed exactly once). Limits: `tokens` ≤
 100000, delays ≤ 600000 ms, body ≤ 4 MiB (413 above).
 
-Benchmarks: the header `X-Emulator-Stamp: 1` (or `"stamp": true`) adds
-`"sidestream_sent_ns": <time.monotonic_ns()>` to each content chunk, for one-way latency.
+Benchmarks: the header `X-Emulator-Stamp: 1` (or `"stamp": true`, or `tail`) adds
+`"sidestream_sent_ns": <time.monotonic_ns()>` to each content chunk, for one-way latency;
+`X-Emulator-Stamp: content` (or `"stamp": "content"`) sends that number as the token's text
+instead, so that chunks differ only in their content, as vLLM's do.
 
 Deliberate surprises: the finish chunk, usage chunk and `[DONE]` leave in one write; errors
 are OpenAI-shaped JSON (400, 404, 405, 413), never a 500; `n` other than 1 and batched prompts

@@ -17,6 +17,11 @@ from urllib.parse import parse_qsl
 from sidecar.emulator.text import PASSAGE, token_cycle
 
 Kind = Literal["chat", "completion"]
+# Where a content chunk carries its send time (`time.monotonic_ns()`, for one-way latency):
+# "tail", a top-level "sidestream_sent_ns" after the choices (so every chunk's tail differs,
+# as OpenAI's obfuscation pad makes it), or "content", as the token's text (so chunks differ
+# only in their content, exactly as vLLM, TGI and llama.cpp send them).
+Stamp = Literal["tail", "content"]
 
 DEFAULT_MODEL = "emulator"
 DEFAULT_TTFT_MS = 200.0
@@ -62,7 +67,7 @@ class Plan:
     finish_reason: str  # "stop", or "length" when max_tokens cut the planned count
     ttft: float  # seconds from response headers to the first content token
     itl: float  # seconds between content tokens
-    stamp: bool  # add "sidestream_sent_ns" to each content chunk
+    stamp: Stamp | None  # each content chunk's send time: where it goes (see `_stamp`)
     prompt_tokens: int
 
 
@@ -116,7 +121,7 @@ def plan_get(query: bytes, headers: Headers) -> tuple[Plan, int]:
     if "text" in params:
         pacing["text"] = params["text"]
     if "stamp" in params:
-        pacing["stamp"] = params["stamp"] not in ("", "0", "false")
+        pacing["stamp"] = params["stamp"]
     max_tokens = None
     if "max_tokens" in params:
         max_tokens = _integer(_parse_int(params["max_tokens"], "max_tokens"), "max_tokens", 1, None)
@@ -161,11 +166,9 @@ def _plan(
     text = pacing.get("text", PASSAGE)
     if not isinstance(text, str) or not text:
         raise BadRequest("'sidestream.text' must be a non-empty string.", "sidestream.text")
-    stamp = headers.stamp is not None and headers.stamp.strip() not in ("", "0", "false")
+    stamp = None if headers.stamp is None else _stamp(headers.stamp.strip(), "X-Emulator-Stamp")
     if "stamp" in pacing:
-        if not isinstance(pacing["stamp"], bool):
-            raise BadRequest("'sidestream.stamp' must be a boolean.", "sidestream.stamp")
-        stamp = pacing["stamp"]
+        stamp = _stamp(pacing["stamp"], "sidestream.stamp")
     if tokens is None:
         tokens = DEFAULT_TOKENS if "text" not in pacing else len(token_cycle(text)[0])
     count, finish = tokens, "stop"
@@ -259,6 +262,18 @@ def _delay(value: object, param: str) -> float:
     if not 0 <= value <= MAX_DELAY_MS:
         raise BadRequest(f"'{param}' must be between 0 and {MAX_DELAY_MS:.0f} ms.", param)
     return float(value)
+
+
+def _stamp(value: object, param: str) -> Stamp | None:
+    """A stamp setting: JSON true/false, or a header or query value (`1`/`true`/`tail`,
+    `content`, or `0`/`false`/empty for none)."""
+    if value is False or value in ("", "0", "false"):
+        return None
+    if value is True or value in ("1", "true", "tail"):
+        return "tail"
+    if value == "content":
+        return "content"
+    raise BadRequest(f'\'{param}\' must be true, false, "tail" or "content".', param)
 
 
 def _parse_float(raw: str, param: str) -> float:

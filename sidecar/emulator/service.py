@@ -159,8 +159,12 @@ class Emulator:
                     await asyncio.sleep(delay)
                 elif (i - start) % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
-                chunk = head + tokens[i % cycle] + tail
-                chunk += STAMP_END % time.monotonic_ns() if plan.stamp else END
+                if plan.stamp is None:
+                    chunk = head + tokens[i % cycle] + tail + END
+                elif plan.stamp == "content":
+                    chunk = head + b'"%d"' % time.monotonic_ns() + tail + END
+                else:
+                    chunk = head + tokens[i % cycle] + tail + STAMP_END % time.monotonic_ns()
                 if ids:
                     chunk = b"id: %d\n" % i + chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
