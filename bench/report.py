@@ -138,3 +138,23 @@ def budgets(med: dict[str, dict[str, Any]], sizes: list[int], otel: bool) -> str
             met = v is not None and _num(v) and float(v) <= 1.15
             rows.append(f"| {label} | {fmt(v)}x | {'yes' if met else '**no**'} |")
     return "\n".join(rows)
+
+
+def cpu_by_rep(reps: list[Rep], targets: list[str]) -> str:
+    """Each repetition's CPU per 100k tokens in (a) and (b), and its ratios: how far apart the
+    repetitions behind a median are (a median of three hides one that is off)."""
+    shown = [t for t in targets if t != "direct"]
+    ratios = [("vs nginx", "sidestream", "_vs_nginx"), ("otel/off", "sidestream+otel", "_otel")]
+    head = ["rep"] + [f"{scen}. {t}" for scen in "ab" for t in shown]
+    head += [f"{scen}. {name}" for scen in "ab" for name, _, _ in ratios]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for i, rep in enumerate(reps, 1):
+        cells = [str(i)]
+        cells += [fmt(rep.get(t, {}).get(f"{scen}_cpu_100k")) for scen in "ab" for t in shown]
+        cells += [
+            fmt(rep.get(t, {}).get(f"{scen}_cpu_100k{suffix}"))
+            for scen in "ab"
+            for _, t, suffix in ratios
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "CPU s per 100k tokens, each repetition:\n\n" + "\n".join(lines)

@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             " ".join(notes),
             report.table(med, targets, list(mode.idle)),
             report.budgets(med, list(mode.idle), otel),
+            report.cpu_by_rep(reps_figures, targets),
         ]
         + (["Errors:\n" + "\n".join(f"- {e}" for e in errors)] if errors else [])
     )
