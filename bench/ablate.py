@@ -10,7 +10,9 @@ telemetry cut out) once per ablation:
 - `finish`: the end of each stream skipped (no span ended, so nothing encoded or exported,
   no metrics, no access-log line);
 - `both`: the two together: what the rest of telemetry (record start, the stream's role,
-  finish and usage chunks parsed as events, the count and time of each token) costs alone.
+  finish and usage chunks parsed as events, the count and time of each token) costs alone;
+- `span`: `finish` without the span (not ended, so not encoded or exported);
+- `log`: `finish` without the access-log line.
 
 Each ablated tree is a `git worktree` of HEAD (committed code only) in a temporary folder,
 patched by replacing one anchor line per part; an anchor that is no longer in the source
@@ -45,7 +47,23 @@ _FINISH = (
     "    cycle.stream_stats()\n    return  # ABLATED\n"
     "    telemetry = record.telemetry\n    end = time.monotonic()\n",
 )
-ABLATIONS = {"frame": [_FRAME], "finish": [_FINISH], "both": [_FRAME, _FINISH]}
+_SPAN = (
+    "middleware/telemetry_finish.py",
+    "    span = record.span\n",
+    "    span = None  # ABLATED\n",
+)
+_LOG = (
+    "middleware/telemetry_finish.py",
+    "    log = telemetry.access_log\n",
+    "    return  # ABLATED\n    log = telemetry.access_log\n",
+)
+ABLATIONS = {
+    "frame": [_FRAME],
+    "finish": [_FINISH],
+    "both": [_FRAME, _FINISH],
+    "span": [_SPAN],
+    "log": [_LOG],
+}
 
 
 def patch(tree: Path, parts: list[tuple[str, str, str]]) -> None:
