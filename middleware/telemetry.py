@@ -58,6 +58,7 @@ from middleware import semconv
 from middleware.registry import StreamRegistry
 from middleware.telemetry_direct import DirectSpans
 from middleware.telemetry_gaps import ChunkHistogram
+from middleware.telemetry_log import AccessLogHandler
 from middleware.telemetry_metrics import LocalCounter, LocalHistogram
 from middleware.telemetry_prometheus import CONTENT_TYPE, exposition
 from middleware.telemetry_stream import StreamRecord
@@ -264,7 +265,10 @@ class Telemetry:
         self.meter_provider.force_flush(timeout_millis)
 
     def shutdown(self) -> None:
-        """Flush and stop the exporters (blocking: call it off the event loop or at exit)."""
+        """Flush the access log, flush and stop the exporters (blocking: call it off the
+        event loop or at exit)."""
+        for handler in self.access_log.handlers:
+            handler.flush()
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
@@ -287,9 +291,10 @@ def prometheus_text(registry: StreamRegistry | None, telemetry: Telemetry | None
 
 
 def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
-    """Send the access log (one JSON object per line, nothing around it) to `stream`."""
+    """Send the access log (one JSON object per line, nothing around it) to `stream`, each
+    line within a quarter second (`telemetry_log.AccessLogHandler`)."""
     log = logging.getLogger(semconv.ACCESS_LOGGER)
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = AccessLogHandler(stream or sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(level)

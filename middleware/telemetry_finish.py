@@ -22,6 +22,7 @@ from middleware import semconv
 from middleware.errors import Outcome
 from middleware.telemetry_content import output_messages
 from middleware.telemetry_direct import exception_event
+from middleware.telemetry_log import sole
 
 if TYPE_CHECKING:
     from middleware.cycle import Cycle
@@ -233,6 +234,9 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         "keepalives": cycle.keepalives,
         "cancel_latency_ms": _ms(cancel_latency),
     }
-    # handle() a record made here: Logger.info would walk the stack for a caller nobody reads.
     message = _to_json(line)
-    log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None))
+    handler = sole(log)
+    if handler is not None:  # configure_access_log's handler alone: the line, no LogRecord
+        handler.write(message)
+    else:  # handle() a record made here: Logger.info would walk the stack for the caller
+        log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None))
