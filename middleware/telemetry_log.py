@@ -70,8 +70,11 @@ class AccessLogHandler(logging.Handler):
         if self.lines:
             text = "\n".join(self.lines) + "\n"
             self.lines.clear()
-            self.stream.write(text)
-            self.stream.flush()
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except Exception:  # a closed or broken stdout: reported as logging reports it
+                self.handleError(logging.makeLogRecord({"msg": text}))
 
     def close(self) -> None:
         self.flush()

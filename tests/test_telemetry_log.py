@@ -111,3 +111,16 @@ def test_the_direct_path_is_taken_only_where_logging_would_do_the_same(
     handler.setLevel(logging.NOTSET)
     log.addHandler(logging.NullHandler())
     assert sole(log) is None
+
+
+def test_a_broken_stream_is_reported_not_raised(
+    access: tuple[logging.Logger, io.StringIO], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule: a write that fails (stdout closed) goes to logging's error report on stderr;
+    the stream's finish, or the timer that flushes, never gets the exception."""
+    log, out = access
+    handler = alone(log)
+    out.close()
+    handler.write('{"n":1}')  # no loop: written at once, and the write fails
+    assert "Logging error" in capsys.readouterr().err
+    assert handler.lines == []
