@@ -48,16 +48,16 @@ class AccessLogHandler(logging.Handler):
         """Add one line (no line end); written within `FLUSH_S`, or now without a loop."""
         with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
             self.lines.append(line)
-            if self.timer is not None and len(self.lines) < self.MAX_LINES:
+            if self.timer is not None:  # a write is due already, unless the buffer is full
+                if len(self.lines) >= self.MAX_LINES:
+                    self._write_out()
                 return
             try:
                 loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            if loop is None or self.timer is not None:
+            except RuntimeError:  # no loop, no timer: now
                 self._write_out()
-            else:
-                self.timer = loop.call_later(self.FLUSH_S, self.flush)
+                return
+            self.timer = loop.call_later(self.FLUSH_S, self.flush)
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]
