@@ -8,8 +8,9 @@ emulator's pacing headers. The response is decoded just enough: status line, chu
 framing, then SSE events split on a blank line. A content token is an event with
 `"delta":{"content":`; its send time (CLOCK_MONOTONIC ns, same machine: the emulator's
 stamp, config `"stamp"`: `"content"` as the token's text, `"tail"` or true as a
-`"sidestream_sent_ns"` field after the choices) gives the one-way latency of that token. Deliberately no HTTP library: the generator must
-cost far less per token than anything it measures.
+`"sidestream_sent_ns"` field after the choices) gives the one-way latency of that token.
+Deliberately no HTTP library: the generator must cost far less per token than anything it
+measures.
 
 Modes: "streams" runs `concurrency` lanes, each opening streams back to back until
 `streams` are done or `duration` passes; "hold" opens `concurrency` streams at `rate` per
