@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from middleware import semconv
+from middleware.dialects import json_object
 from middleware.sse import Event
 
 BODY_CAP = 64 * 1024
@@ -38,12 +39,7 @@ def request_attributes(body: bytes, complete: bool) -> Attributes:
     """GenAI request attributes from a (possibly truncated) JSON request body."""
     values: dict[str, Any] = {}
     if complete:
-        try:
-            obj = json.loads(body)
-        except (ValueError, RecursionError):
-            obj = None
-        if isinstance(obj, dict):
-            values = obj
+        values = json_object(body) or {}
     else:
         text = body.decode("utf-8", "replace")
         for key, pattern in _PATTERNS.items():
@@ -88,11 +84,8 @@ def event_text(dialect: str, event: Event) -> str:
     data = event.data
     if not data.startswith("{"):
         return ""
-    try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError):
-        return ""
-    if not isinstance(obj, dict):
+    obj = json_object(data)
+    if obj is None:
         return ""
     if dialect.startswith("openai.chat") or dialect == "openai.completions":
         parts = []

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middleware.dialects import Dialect, StreamStats, select, sniff
+from middleware.dialects import Dialect, StreamStats, json_object, select, sniff
 from middleware.sse import Event, SSEScanner
 
 # --- sample streams, as the servers write them ---
@@ -588,3 +588,57 @@ def test_count_chunk_learns_the_frame_and_uses_it() -> None:
     assert dialect.count_chunk(chat_chunk({"content": ""}), stats)
     assert (stats.events, stats.tokens) == (4, 2)
     assert not dialect.count_chunk(chat_chunk({"content": "x"}, "stop"), stats)
+
+
+def _as_loads(text: str | bytes) -> dict[str, Any] | None:
+    """What `json.loads` makes of `text`, kept when it is an object."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"id":"x","choices":[{"delta":{"content":"a"}}]}',
+        b'{"model":"m","stream":true}',
+        ' {"a": 1} ',  # whitespace around: json.loads takes it
+        '{"a":1} x',  # extra data: not JSON
+        '{"a":1}{"b":2}',
+        "[1, 2]",  # JSON, not an object
+        '"text"',
+        "",
+        "{",
+        '{"a":1,}',
+        "\ufeff{}",  # a BOM in text: json.loads refuses it
+        b'\xef\xbb\xbf{"a":1}',  # a BOM in bytes: json.loads takes it
+        '{"a":1}'.encode("utf-16"),  # json.loads detects UTF-16
+        '{"a":"\u00e9"}'.encode("utf-16-le"),
+        b'{"a":"\xff"}',  # not UTF-8
+        "[" * 100_000 + "]" * 100_000,  # too deep
+        '{"a":NaN}',  # json.loads takes NaN
+    ],
+)
+def test_json_object_is_what_json_loads_gives(text: str | bytes) -> None:
+    """`json_object` (the C scanner first) gives exactly what `json.loads` gives for objects,
+    None for anything else (other JSON values, bad JSON), bytes and text alike."""
+    assert json_object(text) == _as_loads(text)
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+        max_leaves=20,
+    ),
+    st.sampled_from([None, 2]),
+    st.booleans(),
+)
+def test_json_object_agrees_with_json_loads(value: Any, indent: int | None, raw: bool) -> None:
+    """For any JSON value, compact or indented, as text or UTF-8 bytes: json_object is
+    json.loads' result when it is an object, else None."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    data: str | bytes = text.encode() if raw else text
+    assert json_object(data) == _as_loads(data)
