@@ -18,7 +18,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from middleware import semconv
+from middleware.dialects import StreamStats, select
 from middleware.guard import StreamGuard
+from middleware.sse import SSEScanner
 from middleware.telemetry import Telemetry
 from middleware.types import Message
 from tests.apps import SCOPE, SSE_HEADERS
@@ -95,6 +97,17 @@ def test_token_counts_and_bytes_survive_reads_cut_anywhere(
     points = sorted(set(cuts) - {0, len(stream)})
     reads = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
 
+    out, attributes = relay(path, reads)
+    assert out == stream
+    assert attributes[semconv.OUTCOME] == "completed"
+    assert attributes[semconv.TOKENS] == sum(1 for t in texts if t)
+    assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 7
+    assert attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+
+
+def relay(path: str, reads: list[bytes]) -> tuple[bytes, dict[str, Any]]:
+    """`reads` sent by an app through StreamGuard with telemetry: the bytes the client got
+    and the stream's span attributes."""
     exporter = InMemorySpanExporter()
     telemetry = Telemetry(span_processor=SimpleSpanProcessor(exporter))
     sent: list[Message] = []
@@ -119,10 +132,45 @@ def test_token_counts_and_bytes_survive_reads_cut_anywhere(
     asyncio.run(run())
     telemetry.shutdown()
     out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    assert out == stream
     (span,) = exporter.get_finished_spans()
-    attributes = dict(span.attributes or {})
-    assert attributes[semconv.OUTCOME] == "completed"
-    assert attributes[semconv.TOKENS] == sum(1 for t in texts if t)
-    assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 7
-    assert attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    return out, dict(span.attributes or {})
+
+
+# Whole events of every kind a stream may hold, for reads that are groups of them.
+EVENTS = [
+    chat_chunk({"role": "assistant", "content": ""}),
+    chat_chunk({"content": "a"}),
+    chat_chunk({"content": "b\n\ndata: c"}),  # a line end and a field inside the text
+    chat_chunk({"content": ""}),
+    chat_chunk({}, "stop"),
+    event({**BASE, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}),
+    b": keep-alive\n\n",
+    b"event: message\n" + chat_chunk({"content": "d"}),
+    b'data: {"choices":[{"delta":\ndata: {"content":"e"}}]}\n\n',  # one event, two lines
+    b"data: \n\n",
+    b"data:" + chat_chunk({"content": "f"})[5:],  # no space after the colon
+    b"data: [DONE]\n\n",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(EVENTS), min_size=1, max_size=4), max_size=10))
+def test_reads_of_whole_events_count_as_the_scanner_sees_them(groups: list[list[bytes]]) -> None:
+    """Reads that each hold whole events (the usual chunk, the finish + usage + [DONE] group
+    servers end with, or anything else): however the guard splits them, the span counts
+    what the SSE scanner and the dialect make of the stream read whole."""
+    reads = [b"".join(group) for group in groups]
+    stream = b"".join(reads)
+    path = "/v1/chat/completions"
+    stats = StreamStats()
+    dialect = select(path)
+    assert dialect is not None
+    for parsed in SSEScanner().feed(stream):
+        dialect.observe(parsed, stats)
+    out, attributes = relay(path, reads or [b""])
+    assert out == stream
+    assert attributes[semconv.TOKENS] == stats.tokens
+    usage = stats.output_tokens if stats.output_tokens is not None else stats.tokens
+    assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage
+    reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS, ())
+    assert reasons == tuple(stats.finish_reasons)
