@@ -499,6 +499,12 @@ chunk_kinds = st.one_of(
     st.builds(lambda t: chat_chunk({"content": t, "role": "assistant"}), texts),
     st.builds(lambda t: chat_chunk({"content": "", "reasoning_content": t}), texts),
     st.just(b"data: [DONE]\n\n"),
+    # A token chunk, then blank lines or lines of whitespace: still one event.
+    st.builds(
+        lambda t, blank: chat_chunk({"content": t})[:-1] + blank + b"\n",
+        texts,
+        st.sampled_from([b"\n", b" \n", b"\t\n", b"\x0c\n", b"\r\n", b" \n\n"]),
+    ),
 )
 
 
