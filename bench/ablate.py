@@ -37,9 +37,14 @@ from bench.targets import ROOT
 # part -> (file, the anchor, what replaces it: the anchor with the cut before it)
 _FRAME = (
     "middleware/dialects.py",
-    '        without another; the caller counts."""\n',
-    '        without another; the caller counts."""\n'
+    '        learned suffix) out inline before calling this: keep the two the same."""\n',
+    '        learned suffix) out inline before calling this: keep the two the same."""\n'
     "        return body.startswith(self.prefix)  # ABLATED\n",
+)
+_FRAME_INLINE = (  # the cycle's copy of the usual case: off, so the cut `matches` decides
+    "middleware/cycle.py",
+    "                        not frame.varies\n",
+    "                        False  # ABLATED\n                        and not frame.varies\n",
 )
 _FINISH = (
     "middleware/telemetry_finish.py",
@@ -58,9 +63,9 @@ _LOG = (
     "    return  # ABLATED\n    log = telemetry.access_log\n",
 )
 ABLATIONS = {
-    "frame": [_FRAME],
+    "frame": [_FRAME, _FRAME_INLINE],
     "finish": [_FINISH],
-    "both": [_FRAME, _FINISH],
+    "both": [_FRAME, _FRAME_INLINE, _FINISH],
     "span": [_SPAN],
     "log": [_LOG],
 }

@@ -125,7 +125,8 @@ class Frame:
         empty (so a token, whatever else the delta holds), then the same suffix or the
         marker and a tail of its own (OpenAI's obfuscation pad, the emulator's timestamp)
         with no usage in it. Runs once per relayed token: one call, the usual tail decided
-        without another; the caller counts."""
+        without another; the caller counts. `Cycle._relayed` writes the usual case (the
+        learned suffix) out inline before calling this: keep the two the same."""
         if not (
             len(body) >= self.shortest  # a read may end anywhere, right after the prefix too
             and body.startswith(self.prefix)
