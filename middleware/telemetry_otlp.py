@@ -43,6 +43,8 @@ _KIND = {  # opentelemetry.proto.trace.v1.Span.SpanKind
 }
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # Span.flags (SpanFlags)
 _CACHE_LIMIT = 4096  # encoded string attributes kept (cleared when full)
+# One tag's caches: strings by (key, value), double heads by key, int heads by (key, size).
+_Tagged = tuple[dict[tuple[str, str], bytes], dict[str, bytes], dict[tuple[str, int], bytes]]
 _double = struct.Struct("<d").pack
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
@@ -54,6 +56,8 @@ _BYTE = [bytes((n,)) for n in range(0x80)]  # the one-byte varints
 def _varint(n: int) -> bytes:
     if n < 0x80:
         return _BYTE[n]
+    if n < 0x4000:  # lengths, ports, status codes, most counts
+        return bytes((n & 0x7F | 0x80, n >> 7))
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -95,17 +99,27 @@ def _value(value: Any) -> bytes:
     raise TypeError(f"cannot encode {type(value).__name__} as an OTLP value")
 
 
+def _keep(cache: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
+    """Store `encoded` in `cache` (emptied first when full) and return it."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = encoded
+    return encoded
+
+
 def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode()) + _field(b"\x12", _value(value))
 
 
 class _Encoder:
-    """Keeps what repeats between spans and batches: resources, scopes, string attributes."""
+    """Keeps what repeats between spans and batches: resources, scopes, attributes' heads."""
 
     def __init__(self) -> None:
-        self._strings: dict[tuple[bytes, str, str], bytes] = {}  # whole KeyValue fields
+        # Per attribute tag (span, event, link, resource, scope): whole string KeyValue fields
+        # by (key, value), and the heads of number KeyValues (see `_head`) by key for doubles,
+        # by (key, payload size) for ints. Each is cleared when it holds `_CACHE_LIMIT`.
+        self._tagged: dict[bytes, _Tagged] = {}
         self._keys: dict[str, bytes] = {}  # encoded key fields
-        self._heads: dict[tuple[bytes, str, int, int], bytes] = {}  # KeyValues to the value
         self._resources: dict[Resource, bytes] = {}
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
@@ -113,32 +127,29 @@ class _Encoder:
         """Each attribute as one `tag` field (a KeyValue)."""
         if not attributes:
             return b""
-        strings, heads = self._strings, self._heads
+        tagged = self._tagged.get(tag)
+        if tagged is None:
+            tagged = self._tagged[tag] = ({}, {}, {})
+        strings, doubles, ints = tagged
         parts = []
         # The SDK's BoundedAttributes is a Mapping whose items() runs in Python; its dict
         # is read directly where it has one.
         for key, value in getattr(attributes, "_dict", attributes).items():
-            if type(value) is str:
-                encoded = strings.get((tag, key, value))
-                if encoded is None:
-                    if len(strings) >= _CACHE_LIMIT:
-                        strings.clear()
-                    encoded = strings[tag, key, value] = _field(tag, _key_value(key, value))
-                parts.append(encoded)
-                continue
-            # The usual numbers (times, rates, counts): a cached head, then the value's bytes.
             kind = type(value)
-            if kind is float:
-                number, payload = 0x21, _double(value)
-            elif kind is int and 0 <= value < 1 << 63:
-                number, payload = 0x18, _varint(value)
-            else:
-                number = 0
-            if number:
-                head = heads.get((tag, key, number, len(payload)))
-                if head is None:
-                    head = self._head(tag, key, number, len(payload))
-                parts.append(head + payload)
+            try:  # hits, nearly always: each a dict lookup (a miss costs a KeyError, once)
+                if kind is str:
+                    parts.append(strings[key, value])
+                    continue
+                # The usual numbers (times, rates, counts): a cached head, the value's bytes.
+                if kind is float:
+                    parts.append(doubles[key] + _double(value))
+                    continue
+                if kind is int and 0 <= value < 1 << 63:
+                    payload = _varint(value)
+                    parts.append(ints[key, len(payload)] + payload)
+                    continue
+            except KeyError:
+                parts.append(self._miss(tagged, tag, key, value))
                 continue
             try:
                 pair = self._key(key) + _field(b"\x12", _value(value))
@@ -148,24 +159,29 @@ class _Encoder:
             parts.append(_field(tag, pair))
         return b"".join(parts)
 
+    def _miss(self, tagged: _Tagged, tag: bytes, key: str, value: str | float | int) -> bytes:
+        """A string, double or int attribute not in the tag's caches yet: encoded and kept."""
+        strings, doubles, ints = tagged
+        if isinstance(value, str):
+            return _keep(strings, (key, value), _field(tag, _key_value(key, value)))
+        if isinstance(value, float):
+            return _keep(doubles, key, self._head(tag, key, 0x21, 8)) + _double(value)
+        payload = _varint(value)
+        size = len(payload)
+        return _keep(ints, (key, size), self._head(tag, key, 0x18, size)) + payload
+
     def _key(self, key: str) -> bytes:
         """The KeyValue's key field."""
         name = self._keys.get(key)
         if name is None:
-            if len(self._keys) >= _CACHE_LIMIT:
-                self._keys.clear()
-            name = self._keys[key] = _field(b"\x0a", key.encode())
+            name = _keep(self._keys, key, _field(b"\x0a", key.encode()))
         return name
 
     def _head(self, tag: bytes, key: str, number: int, size: int) -> bytes:
         """Everything of a `tag` KeyValue field before a number's `size` payload bytes: the
         key, and the AnyValue's length and type byte `number` (0x21 double, 0x18 int)."""
-        if len(self._heads) >= _CACHE_LIMIT:
-            self._heads.clear()
         pair = self._key(key) + b"\x12" + _BYTE[size + 1] + _BYTE[number]
-        head = tag + _varint(len(pair) + size) + pair
-        self._heads[tag, key, number, size] = head
-        return head
+        return tag + _varint(len(pair) + size) + pair
 
     def resource(self, resource: Resource) -> bytes:
         encoded = self._resources.get(resource)

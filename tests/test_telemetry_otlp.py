@@ -322,6 +322,29 @@ def test_one_key_holding_a_float_then_an_int_of_the_same_size_is_written_as_each
         assert ours == sdk_encode(spans), value
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(attribute_sets, min_size=4, max_size=4))
+def test_one_encoder_with_full_caches_still_writes_what_the_sdk_writes(
+    batches: list[dict[str, Any]],
+) -> None:
+    """The encoder's caches (strings, number heads, keys) are emptied when full: with a
+    limit of three entries, one encoder writing batch after batch of varied attributes —
+    hits, misses and clears in turn — still writes what the SDK writes each time."""
+    import middleware.telemetry_otlp as otlp
+
+    encoder = otlp._Encoder()
+    limit = otlp._CACHE_LIMIT
+    otlp._CACHE_LIMIT = 3
+    try:
+        pairs = [[batches[i], batches[(i + 1) % 4]] for i in range(4)] + [[b, b] for b in batches]
+        for attrs in pairs:
+            spans = sdk_spans(attrs, remote_parent=False)
+            ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
+            assert ours == sdk_encode(spans)
+    finally:
+        otlp._CACHE_LIMIT = limit
+
+
 async def test_a_batch_the_fast_encoder_cannot_write_goes_out_through_the_sdks_encoder(
     monkeypatch: Any,
 ) -> None:
