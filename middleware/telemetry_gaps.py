@@ -46,7 +46,7 @@ class Gaps:
     `fold()` (the readers below fold first).
     """
 
-    __slots__ = ("count", "counts", "first", "last", "max", "times", "total")
+    __slots__ = ("count", "counts", "first", "last", "max", "nonempty", "times", "total")
     FOLD_AT = TIMES_KEPT  # chunk times kept before folding (the cycle appends too)
 
     def __init__(self) -> None:
@@ -57,6 +57,7 @@ class Gaps:
         self.max = 0.0
         self.first: float | None = None
         self.last: float | None = None
+        self.nonempty: dict[int, int] | None = None  # what buckets() returned, until a fold
 
     def add(self, now: float) -> None:
         """A content-carrying chunk arrived at `now` (the cycle's monotonic clock)."""
@@ -83,6 +84,7 @@ class Gaps:
         if not self.count:
             self.counts = [0] * (len(BOUNDS) + 1)
         n = len(gaps)
+        self.nonempty = None
         self.count += n
         self.total += sum(gaps)
         self.max = max(self.max, gaps[-1])
@@ -100,10 +102,13 @@ class Gaps:
             start = end
 
     def buckets(self) -> dict[int, int]:
-        """The non-empty buckets: index -> count (the scan runs in C: few are non-empty)."""
+        """The non-empty buckets: index -> count (the scan runs in C: few are non-empty).
+        Kept until the next fold adds gaps: the readers share it and must not change it."""
         self.fold()
-        counts = self.counts
-        return {i: counts[i] for i in itertools.compress(range(len(counts)), counts)}
+        if self.nonempty is None:
+            counts = self.counts
+            self.nonempty = {i: counts[i] for i in itertools.compress(range(len(counts)), counts)}
+        return self.nonempty
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""

@@ -111,6 +111,20 @@ def test_a_gap_on_a_bound_is_counted_below_it_and_above_the_last_in_the_top_buck
     assert gaps_of([2 * BOUNDS[-1]] * 3).buckets() == {len(BOUNDS): 3}
 
 
+def test_buckets_read_between_chunks_include_every_gap_so_far() -> None:
+    """`buckets()` is kept between reads (quantiles and the chunk histogram share it) and
+    redone after the next fold: read, more chunks, read again — every gap is in."""
+    gaps = Gaps()
+    for at in (0.0, 0.01, 0.02):
+        gaps.add(at)
+    first = dict(gaps.buckets())
+    assert sum(first.values()) == 2 and gaps.buckets() == first
+    gaps.add(1.02)  # a 1 s gap, in a bucket of its own
+    later = gaps.buckets()
+    assert sum(later.values()) == 3 and later != first
+    assert gaps.quantiles(1.0) == [pytest.approx(1.0, rel=0.125)]
+
+
 def test_zero_gaps_and_single_tokens() -> None:
     """Chunks read at the same instant give a gap of 0; one chunk gives no gap at all."""
     assert gaps_of([0.0, 0.0]).quantile(0.5) == 0.0
