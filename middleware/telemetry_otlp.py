@@ -30,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 logger = logging.getLogger("sidestream")
 
@@ -43,8 +43,9 @@ _KIND = {  # opentelemetry.proto.trace.v1.Span.SpanKind
 }
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # Span.flags (SpanFlags)
 _CACHE_LIMIT = 4096  # encoded string attributes kept (cleared when full)
-# One tag's caches: strings by (key, value), double heads by key, int heads by (key, size).
-_Tagged = tuple[dict[tuple[str, str], bytes], dict[str, bytes], dict[tuple[str, int], bytes]]
+# One tag's caches: whole KeyValues of strings, flags and tuples of strings by (key, value),
+# heads of doubles by key, heads of ints by (key, size).
+_Tagged = tuple[dict[tuple[str, Any], bytes], dict[str, bytes], dict[tuple[str, int], bytes]]
 _double = struct.Struct("<d").pack
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
@@ -120,6 +121,9 @@ class _Encoder:
         # by (key, payload size) for ints. Each is cleared when it holds `_CACHE_LIMIT`.
         self._tagged: dict[bytes, _Tagged] = {}
         self._keys: dict[str, bytes] = {}  # encoded key fields
+        self._names: dict[str, bytes] = {}  # span name fields
+        self._events: dict[str, tuple[bytes, bytes]] = {}  # see _event
+        self._statuses: dict[tuple[StatusCode, str | None], bytes] = {}  # Status bodies
         self._resources: dict[Resource, bytes] = {}
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
@@ -148,6 +152,9 @@ class _Encoder:
                     payload = _varint(value)
                     parts.append(ints[key, len(payload)] + payload)
                     continue
+                if kind is bool or kind is tuple:  # a flag, or strings (finish reasons)
+                    parts.append(strings[key, value])
+                    continue
             except KeyError:
                 parts.append(self._miss(tagged, tag, key, value))
                 continue
@@ -159,11 +166,15 @@ class _Encoder:
             parts.append(_field(tag, pair))
         return b"".join(parts)
 
-    def _miss(self, tagged: _Tagged, tag: bytes, key: str, value: str | float | int) -> bytes:
-        """A string, double or int attribute not in the tag's caches yet: encoded and kept."""
+    def _miss(self, tagged: _Tagged, tag: bytes, key: str, value: Any) -> bytes:
+        """An attribute not in the tag's caches yet: encoded, and kept unless it is a tuple
+        holding anything but strings (a tuple of ints could equal one of bools)."""
         strings, doubles, ints = tagged
-        if isinstance(value, str):
-            return _keep(strings, (key, value), _field(tag, _key_value(key, value)))
+        if isinstance(value, str | bool | tuple):
+            encoded = _field(tag, _key_value(key, value))
+            if type(value) is tuple and not all(type(v) is str for v in value):
+                return encoded
+            return _keep(strings, (key, value), encoded)
         if isinstance(value, float):
             return _keep(doubles, key, self._head(tag, key, 0x21, 8)) + _double(value)
         payload = _varint(value)
@@ -182,6 +193,24 @@ class _Encoder:
         key, and the AnyValue's length and type byte `number` (0x21 double, 0x18 int)."""
         pair = self._key(key) + b"\x12" + _BYTE[size + 1] + _BYTE[number]
         return tag + _varint(len(pair) + size) + pair
+
+    def _cached(self, cache: dict[str, bytes], text: str, tag: bytes) -> bytes:
+        """`text` as a `tag` string field, from `cache` after the first time."""
+        encoded = cache.get(text)
+        if encoded is None:
+            encoded = _keep(cache, text, _string(tag, text))
+        return encoded
+
+    def _event(self, name: str) -> tuple[bytes, bytes]:
+        """A span event with no attributes: its field up to the time, and its name field."""
+        around = self._events.get(name)
+        if around is None:
+            name_field = _string(b"\x12", name)
+            around = (b"\x5a" + _varint(9 + len(name_field)) + b"\x09", name_field)
+            if len(self._events) >= _CACHE_LIMIT:
+                self._events.clear()
+            self._events[name] = around
+        return around
 
     def resource(self, resource: Resource) -> bytes:
         encoded = self._resources.get(resource)
@@ -214,7 +243,7 @@ class _Encoder:
         parent = span.parent
         if parent:
             parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-        parts.append(_string(b"\x2a", span.name))
+        parts.append(self._cached(self._names, span.name, b"\x2a"))
         parts.append(b"\x30" + _varint(_KIND[span.kind]))
         if span.start_time:
             parts.append(b"\x39" + _fixed64(span.start_time))
@@ -227,10 +256,15 @@ class _Encoder:
         if span.dropped_attributes:
             parts.append(b"\x50" + _varint(span.dropped_attributes))
         for event in span.events:
+            attributes, dropped = event.attributes, event.dropped_attributes
+            if not attributes and not dropped:  # a name and a time, as sidestream's events
+                head, name = self._event(event.name)
+                parts.append(head + _fixed64(event.timestamp) + name)
+                continue
             body = b"\x09" + _fixed64(event.timestamp) + _string(b"\x12", event.name)
-            body += self.attributes(b"\x1a", event.attributes)
-            if event.dropped_attributes:
-                body += b"\x20" + _varint(event.dropped_attributes)
+            body += self.attributes(b"\x1a", attributes)
+            if dropped:
+                body += b"\x20" + _varint(dropped)
             parts.append(_field(b"\x5a", body))
         if span.dropped_events:
             parts.append(b"\x60" + _varint(span.dropped_events))
@@ -246,13 +280,12 @@ class _Encoder:
         if span.dropped_links:
             parts.append(b"\x70" + _varint(span.dropped_links))
         status = span.status
-        code = status.status_code.value
-        parts.append(
-            _field(
-                b"\x7a",
-                _string(b"\x12", status.description) + (b"\x18" + _varint(code) if code else b""),
-            )
-        )
+        encoded = self._statuses.get((status.status_code, status.description))
+        if encoded is None:
+            code = status.status_code.value
+            body = _string(b"\x12", status.description) + (b"\x18" + _varint(code) if code else b"")
+            encoded = _keep(self._statuses, (status.status_code, status.description), body)
+        parts.append(_field(b"\x7a", encoded))
         parts.append(b"\x85\x01" + _fixed32(_flags(parent)))
         return _field(b"\x12", b"".join(parts))
 

@@ -312,11 +312,13 @@ def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
 def test_one_key_holding_a_float_then_an_int_of_the_same_size_is_written_as_each() -> None:
     """The encoder caches what precedes a number's bytes per key and size; a double and an
     int of 8 varint bytes are both 9-byte values, so the cache tells them apart by type:
-    one encoder writing both, for the same key, still writes what the SDK writes."""
+    one encoder writing both, for the same key, still writes what the SDK writes. So too
+    for values Python finds equal (a flag and an int, tuples of them) under one key."""
     from middleware.telemetry_otlp import _Encoder
 
     encoder = _Encoder()
-    for value in (0.7, 2**50, 0.25, 2**50 + 1, 5):
+    # Equal in Python, not on the wire: 1 and True, (1,) and (True,), 1.0 and 1.
+    for value in (0.7, 2**50, 0.25, 2**50 + 1, 5, 1, True, 1.0, (1,), (True,), ("a",), (1,)):
         spans = sdk_spans([{"k": value}, {"k": value}], remote_parent=False)
         ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
         assert ours == sdk_encode(spans), value
