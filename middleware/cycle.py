@@ -80,7 +80,6 @@ class Cycle:
         "error",
         "first_token_at",
         "frame",
-        "frame_tokens",
         "gone",
         "guard",
         "headers_sent",
@@ -109,6 +108,7 @@ class Cycle:
         "task",
         "timer",
         "times",
+        "times_counted",
         "watcher",
         "wrote_before_body",
     )
@@ -153,11 +153,13 @@ class Cycle:
         self.scanner: SSEScanner | None = None
         self.dialect: Dialect | None = None
         self.stats: StreamStats | None = None
-        # Telemetry's token path (see `_relayed`): the stream's frame once learned, the tokens
-        # it has counted (added to `stats` by `stream_stats`), and `times`, the record's chunk
-        # times (set with the stats: read only once a frame is learned, so never unset then).
+        # Telemetry's token path (see `_relayed`): the stream's frame once learned, and
+        # `times`, the record's chunk times (set with the stats: read only once a frame is
+        # learned, so never unset then). A token on that path is only its time appended: the
+        # times not in `times_counted` (those `_observe` added, whose tokens are in `stats`
+        # already, and those `stream_stats` has counted) are its tokens.
         self.frame: Frame | None = None
-        self.frame_tokens = 0
+        self.times_counted = 0
         self.inflater: Inflater | None = None
         self.before_body = True  # no body byte relayed yet
         self.wrote_before_body = False
@@ -452,7 +454,6 @@ class Cycle:
                     or frame.matches(body)
                 )
             ):
-                self.frame_tokens += 1
                 times = self.times
                 times.append(now)
                 if len(times) >= TIMES_KEPT:
@@ -472,11 +473,13 @@ class Cycle:
         """The stream's stats (None without telemetry or SSE), with the tokens counted on the
         frame path added in. Until then `stats` misses them; the dialects' own reads of
         `stats.events` (is this the first event?) are decided before any frame is learned."""
-        stats, tokens = self.stats, self.frame_tokens
-        if stats is not None and tokens:
-            stats.events += tokens
-            stats.tokens += tokens
-            self.frame_tokens = 0
+        stats, record = self.stats, self.record
+        if stats is not None and record is not None:
+            tokens = record.gaps.added() - self.times_counted
+            if tokens:
+                stats.events += tokens
+                stats.tokens += tokens
+                self.times_counted += tokens
         return stats
 
     def _scan(self, body: bytes, now: float) -> None:
@@ -509,6 +512,7 @@ class Cycle:
                     if self.first_token_at is None:
                         self.first_token_at = now
                     record.gaps.add(now)
+                    self.times_counted += 1
                 return
         parts = None
         if (
@@ -538,6 +542,7 @@ class Cycle:
                 self.first_token_at = now
             assert dialect is not None
             record.gaps.add(now)
+            self.times_counted += 1
             if record.text is not None:
                 record.capture(events, dialect)
 

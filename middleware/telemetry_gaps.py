@@ -66,6 +66,11 @@ class Gaps:
         if len(times) >= self.FOLD_AT:
             self.fold()
 
+    def added(self) -> int:
+        """Chunk times added so far, folded or not."""
+        folded = 0 if self.first is None else self.count + 1
+        return folded + len(self.times)
+
     def fold(self) -> None:
         """Turn the times kept so far into gaps in the buckets (see the class docstring)."""
         times = self.times

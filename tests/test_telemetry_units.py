@@ -125,6 +125,21 @@ def test_buckets_read_between_chunks_include_every_gap_so_far() -> None:
     assert gaps.quantiles(1.0) == [pytest.approx(1.0, rel=0.125)]
 
 
+def test_added_counts_every_chunk_time_across_folds() -> None:
+    """`Gaps.added()` is the number of chunk times added, folded or not: the cycle's frame
+    path counts its tokens by it (one time per token, nothing else)."""
+    gaps = Gaps()
+    assert gaps.added() == 0
+    gaps.add(0.0)
+    gaps.fold()  # one time folded: no gap yet
+    assert gaps.added() == 1 and gaps.count == 0
+    for i in range(1, 2 * Gaps.FOLD_AT + 5):
+        gaps.add(i / 1000)
+        assert gaps.added() == i + 1
+    gaps.fold()
+    assert gaps.added() == 2 * Gaps.FOLD_AT + 5 == gaps.count + 1
+
+
 def test_zero_gaps_and_single_tokens() -> None:
     """Chunks read at the same instant give a gap of 0; one chunk gives no gap at all."""
     assert gaps_of([0.0, 0.0]).quantile(0.5) == 0.0
