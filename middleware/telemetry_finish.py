@@ -9,10 +9,10 @@ carried it, else the content-carrying events counted (`sidestream.tokens`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace import Event
@@ -46,11 +46,51 @@ PROVIDERS = {
 }
 _CANCELLED = frozenset(FAILURES | {Outcome.CLIENT_DISCONNECTED, Outcome.SLOW_CLIENT})
 _UNSET = Status(StatusCode.UNSET)
-_to_json = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps makes one per call
+
+# The access-log line: one JSON object, its keys written once here and its values by `%`
+# (json.dumps would escape every key again for every stream). Values go in as JSON text:
+# strings through json's own escaping (`_text`), numbers as `_ms` and `_int` write them.
+ACCESS_FIELDS = (
+    "time", "level", "logger", "request_id", "trace_id", "span_id", "method", "path",
+    "model", "outcome", "status", "stream", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
+    "itl_max_ms", "tokens", "input_tokens", "output_tokens", "tokens_per_s", "duration_ms",
+    "bytes", "chunks", "keepalives", "cancel_latency_ms",
+)  # fmt: skip
+_CONSTANT = {"level": "info", "logger": semconv.ACCESS_LOGGER}
+_LINE = (
+    "{"
+    + ",".join(
+        f'"{name}":{json.dumps(_CONSTANT[name]) if name in _CONSTANT else "%s"}'
+        for name in ACCESS_FIELDS
+    )
+    + "}"
+)
+_quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
+def _text(value: str | None) -> str:
+    return "null" if value is None else _quote(value)
+
+
+def _int(value: int | None) -> str:
+    return "null" if value is None else str(value)
+
+
+def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds to the microsecond, or null."""
+    return "null" if seconds is None else f"{seconds * 1000.0:.3f}"
+
+
+@functools.lru_cache(maxsize=2)
+def _second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def _timestamp() -> str:
+    """Now in UTC as JSON text, to the millisecond: "2026-12-02T01:22:16.123Z"."""
+    now = time.time()
+    second = int(now)
+    return f'"{_second(second)}.{int((now - second) * 1000):03d}Z"'
 
 
 def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) -> None:
@@ -207,34 +247,31 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
     if not log.isEnabledFor(logging.INFO):
         return
     context = span.get_span_context() if span is not None else None
-    line = {
-        "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "level": "info",
-        "logger": semconv.ACCESS_LOGGER,
-        "request_id": record.request_id,
-        "trace_id": format(context.trace_id, "032x") if context and context.is_valid else None,
-        "span_id": format(context.span_id, "016x") if context and context.is_valid else None,
-        "method": record.method,
-        "path": record.path,
-        "model": model,
-        "outcome": outcome.value,
-        "status": status or None,
-        "stream": streaming,
-        "ttft_ms": _ms(ttft),
-        "itl_p50_ms": _ms(p50),
-        "itl_p99_ms": _ms(p99),
-        "itl_max_ms": _ms(gaps.max) if gaps.count else None,
-        "tokens": stats.tokens if stats is not None else None,
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-        "tokens_per_s": None if tokens_per_second is None else round(tokens_per_second, 2),
-        "duration_ms": _ms(duration),
-        "bytes": cycle.bytes,
-        "chunks": cycle.chunks,
-        "keepalives": cycle.keepalives,
-        "cancel_latency_ms": _ms(cancel_latency),
-    }
-    message = _to_json(line)
+    message = _LINE % (
+        _timestamp(),
+        _quote(record.request_id),
+        f'"{context.trace_id:032x}"' if context and context.is_valid else "null",
+        f'"{context.span_id:016x}"' if context and context.is_valid else "null",
+        _quote(record.method),
+        _quote(record.path),
+        _text(model),
+        _quote(outcome.value),
+        _int(status or None),
+        "true" if streaming else "false",
+        _ms(ttft),
+        _ms(p50),
+        _ms(p99),
+        _ms(gaps.max if gaps.count else None),
+        _int(stats.tokens if stats is not None else None),
+        _int(input_tokens),
+        _int(output_tokens),
+        "null" if tokens_per_second is None else f"{tokens_per_second:.2f}",
+        _ms(duration),
+        cycle.bytes,
+        cycle.chunks,
+        cycle.keepalives,
+        _ms(cancel_latency),
+    )
     handler = sole(log)
     if handler is not None:  # configure_access_log's handler alone: the line, no LogRecord
         handler.write(message)

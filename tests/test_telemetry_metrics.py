@@ -32,7 +32,7 @@ from middleware.telemetry import Telemetry, prometheus_text
 from middleware.telemetry_metrics import LocalCounter, LocalHistogram
 from middleware.telemetry_prometheus import metric_name
 from tests import clients
-from tests.apps import DONE, ROLE, Probe, chunk, scripted
+from tests.apps import DONE, ROLE, SCOPE, SSE_HEADERS, Probe, chunk, scripted
 from tests.servers import serve
 
 
@@ -236,6 +236,52 @@ async def test_access_log_line_is_one_json_object(caplog: pytest.LogCaptureFixtu
     assert line["trace_id"] is None  # no tracer configured
     assert line["tokens"] == 3 and line["outcome"] == "completed"
     assert 20 <= line["itl_p50_ms"] <= 60
+
+
+async def test_access_log_line_holds_any_text_as_json_would(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The access line is written from a template, not by json.dumps: a request id and a
+    model holding quotes, backslashes, control characters and non-ASCII text still make
+    one line of valid JSON whose values are exactly those strings, numbers are numbers, and
+    what is unknown (no span: no trace id) is null."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+    hostile = 'a"b\\c\n\x00\u2028é😀'
+    body = json.dumps({"model": hostile, "stream": True}).encode()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        for piece in (ROLE, chunk("a"), chunk("b"), DONE):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    request_id = 'q"\\\x01\x7f\xe9'  # what a header can hold (latin-1)
+    scope = {**SCOPE, "headers": [(b"x-request-id", request_id.encode("latin-1"))]}
+    await StreamGuard(app, telemetry=Telemetry())(scope, receive, send)
+    (record,) = [r for r in caplog.records if r.name == semconv.ACCESS_LOGGER]
+    text = record.getMessage()
+    assert "\n" not in text and text.isascii()
+    line = json.loads(text)
+    assert list(line) == [
+        "time", "level", "logger", "request_id", "trace_id", "span_id", "method", "path",
+        "model", "outcome", "status", "stream", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
+        "itl_max_ms", "tokens", "input_tokens", "output_tokens", "tokens_per_s",
+        "duration_ms", "bytes", "chunks", "keepalives", "cancel_latency_ms",
+    ]  # fmt: skip
+    assert line["request_id"] == request_id and line["model"] == hostile
+    assert line["path"] == "/v1/chat/completions" and line["method"] == "POST"
+    assert line["level"] == "info" and line["logger"] == semconv.ACCESS_LOGGER
+    assert line["trace_id"] is None and line["span_id"] is None and line["status"] == 200
+    assert line["stream"] is True and line["tokens"] == 2 and line["input_tokens"] is None
+    assert isinstance(line["duration_ms"], float) and isinstance(line["bytes"], int)
+    assert line["time"].endswith("Z") and len(line["time"]) == len("2026-12-02T01:22:16.123Z")
 
 
 class Collecting(MetricExporter):
