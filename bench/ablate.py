@@ -37,14 +37,14 @@ from bench.targets import ROOT
 # part -> (file, the anchor, what replaces it: the anchor with the cut before it)
 _FRAME = (
     "middleware/dialects.py",
-    '        learned suffix) out inline before calling this: keep the two the same."""\n',
-    '        learned suffix) out inline before calling this: keep the two the same."""\n'
-    "        return body.startswith(self.prefix)  # ABLATED\n",
+    "        if not self.varies:\n            rest = body.removeprefix(self.prefix)\n",
+    "        return body.startswith(self.prefix)  # ABLATED\n"
+    "        if not self.varies:\n            rest = body.removeprefix(self.prefix)\n",
 )
 _FRAME_INLINE = (  # the cycle's copy of the usual case: off, so the cut `matches` decides
     "middleware/cycle.py",
-    "                        not frame.varies\n",
-    "                        False  # ABLATED\n                        and not frame.varies\n",
+    "                if frame.varies:\n                    token = frame.matches(body)\n",
+    "                if True:  # ABLATED\n                    token = frame.matches(body)\n",
 )
 _FINISH = (
     "middleware/telemetry_finish.py",

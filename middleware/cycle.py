@@ -436,30 +436,26 @@ class Cycle:
             # Everything it touches hangs off this object, not off the stats, record and gaps:
             # three fewer cache lines per token, fetched again after 49 other streams' tokens.
             frame = self.frame
-            # `Frame.matches` with its usual case (the learned suffix) written out first: the
-            # call costs about as much as the checks (~400 instructions per token,
-            # `bench.telemetry_cost`). Keep the two the same.
-            if (
-                frame is not None
-                and self.line_state is EVENT
-                and (
-                    (
-                        not frame.varies
-                        and len(body) >= frame.shortest
-                        and body.startswith(frame.prefix)
-                        and LF not in body.rstrip()
-                        and body[frame.start] != 34
-                        and body.endswith(frame.suffix)
-                    )
-                    or frame.matches(body)
-                )
-            ):
-                times = self.times
-                times.append(now)
-                if len(times) >= TIMES_KEPT:
-                    assert self.record is not None
-                    self.record.gaps.fold()
-                return  # one whole event, as the frame checked: the line state stays EVENT
+            if frame is not None and self.line_state is EVENT:
+                if frame.varies:
+                    token = frame.matches(body)
+                else:  # `Frame.matches`' usual case written out: its call costs as much
+                    rest = body.removeprefix(frame.prefix)
+                    content = rest.removesuffix(frame.suffix)
+                    token = (
+                        rest is not body
+                        and content is not rest
+                        and content
+                        and content[0] != 34
+                        and LF not in content
+                    ) or frame.matches(body)
+                if token:
+                    times = self.times
+                    times.append(now)
+                    if len(times) >= TIMES_KEPT:
+                        assert self.record is not None
+                        self.record.gaps.fold()
+                    return  # one whole event, as the frame checked: the line state stays EVENT
             self._observe(body, now, stats)
             self.frame = stats.frame
         elif self.scanner is not None:

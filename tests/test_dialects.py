@@ -564,6 +564,28 @@ def test_frame_never_takes_two_events_for_one() -> None:
     assert (stats.events, stats.tokens) == (4, 2)
 
 
+def test_frame_usual_case_takes_only_one_line_of_content_between_its_prefix_and_suffix() -> None:
+    """The learned suffix's case (prefix and suffix taken off, the content left): a token is
+    content that is not empty, does not start with the closing quote of "" and holds no
+    line end; the prefix and suffix must both be there whole, not overlapping."""
+    dialect = dialect_for("/v1/chat/completions")
+    stats = StreamStats(events=1)
+    assert dialect.count_chunk(chat_chunk({"content": "hi"}), stats)
+    frame = stats.frame
+    assert frame is not None
+    prefix, suffix = frame.prefix, frame.suffix
+    assert frame.matches(prefix + b"x" + suffix)
+    assert frame.matches(prefix + b'\\"' + suffix)  # an escaped quote is content
+    assert not frame.matches(prefix + suffix)  # "content":""
+    assert not frame.matches(prefix + b'", "role":"x' + suffix)  # "" then another key
+    assert not frame.matches(prefix + b"a\n" + suffix)  # a line end: two lines
+    assert not frame.matches(prefix + b"a\n\ndata: x" + suffix)  # two events
+    assert not frame.matches(prefix + suffix[1:])  # overlapping at the quote
+    assert not frame.matches(prefix[1:] + b"x" + suffix)
+    assert not frame.matches(prefix + b"x" + suffix[:-1])  # no event end yet
+    assert not frame.varies  # none of these taught it a tail of its own
+
+
 def test_count_chunk_takes_done_whole() -> None:
     """`data: [DONE]` alone in a chunk is counted without the scanner: one event, no token,
     the stream done — what observing it gives."""
