@@ -35,8 +35,6 @@ from middleware.sse import CR, LF, Event, LineState, SSEScanner, advance
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
 
 if TYPE_CHECKING:
-    from array import array
-
     from middleware.dialects import Frame
     from middleware.guard import StreamGuard
     from middleware.telemetry_stream import StreamRecord
@@ -49,7 +47,7 @@ DISCONNECT: Message = {"type": "http.disconnect"}
 TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 EVENT = LineState.EVENT  # the hot path compares against a module global, not a class attribute
 STASH_MESSAGES = 16  # request-body messages held for an app that streams before reading its body
-TIMES_KEPT = 256  # telemetry's chunk times held per stream before `Gaps.fold`: 2 KB at most
+TIMES_KEPT = 256  # telemetry's chunk times held per stream before `Gaps.fold`: 8 KB at most
 
 
 class Cycle:
@@ -62,7 +60,7 @@ class Cycle:
     without slots, two runs).
     """
 
-    times: array[float]  # see __init__
+    times: list[float]  # see __init__
 
     __slots__ = (
         "aborted_at",
