@@ -43,22 +43,22 @@ class Gaps:
     again at the fold (~500 instructions a chunk more, callgrind). Every `FOLD_AT` times,
     and before anything is read, the batch is folded into the buckets: differences and a
     sort in C, then one step per non-empty bucket. Memory stays bounded: at most `FOLD_AT`
-    floats (32 bytes each with the list's pointer) plus the buckets. `count`, `total`, `max`, `first` and `last` are current after
-    `fold()` (the readers below fold first).
+    floats (32 bytes each with the list's pointer) plus the non-empty buckets (a dict: a
+    stream's gaps fill a few of the 209). `count`, `total`, `max`, `first` and `last` are
+    current after `fold()` (the readers below fold first).
     """
 
-    __slots__ = ("count", "counts", "first", "last", "max", "nonempty", "times", "total")
+    __slots__ = ("count", "counts", "first", "last", "max", "times", "total")
     FOLD_AT = TIMES_KEPT  # chunk times kept before folding (the cycle appends too)
 
     def __init__(self) -> None:
         self.times: list[float] = []  # chunk times not folded yet
-        self.counts: list[int] = []  # one per bucket from the first gap on
+        self.counts: dict[int, int] = {}  # bucket index -> gaps, the non-empty buckets
         self.count = 0
         self.total = 0.0
         self.max = 0.0
         self.first: float | None = None
         self.last: float | None = None
-        self.nonempty: dict[int, int] | None = None  # what buckets() returned, until a fold
 
     def add(self, now: float) -> None:
         """A content-carrying chunk arrived at `now` (the cycle's monotonic clock)."""
@@ -87,10 +87,7 @@ class Gaps:
         del times[:]
         if not gaps:
             return
-        if not self.count:
-            self.counts = [0] * (len(BOUNDS) + 1)
         n = len(gaps)
-        self.nonempty = None
         self.count += n
         self.total += sum(gaps)
         self.max = max(self.max, gaps[-1])
@@ -104,17 +101,13 @@ class Gaps:
                 end = n
             else:  # gaps[start] <= BOUNDS[index]: the run holds at least that gap
                 end = max(start + 1, bisect.bisect_right(gaps, BOUNDS[index], start))
-            counts[index] += end - start
+            counts[index] = counts.get(index, 0) + end - start
             start = end
 
     def buckets(self) -> dict[int, int]:
-        """The non-empty buckets: index -> count (the scan runs in C: few are non-empty).
-        Kept until the next fold adds gaps: the readers share it and must not change it."""
+        """The non-empty buckets: index -> count (the readers share it: do not change it)."""
         self.fold()
-        if self.nonempty is None:
-            counts = self.counts
-            self.nonempty = {i: counts[i] for i in itertools.compress(range(len(counts)), counts)}
-        return self.nonempty
+        return self.counts
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""
@@ -128,7 +121,7 @@ class Gaps:
         out: list[float | None] = []
         ranks = [max(1, math.ceil(q * self.count)) for q in qs]
         seen = 0
-        for index, n in self.buckets().items():
+        for index, n in sorted(self.buckets().items()):
             seen += n
             while seen >= ranks[len(out)]:
                 out.append(min(_midpoint(index), self.max))

@@ -112,8 +112,9 @@ def test_a_gap_on_a_bound_is_counted_below_it_and_above_the_last_in_the_top_buck
 
 
 def test_buckets_read_between_chunks_include_every_gap_so_far() -> None:
-    """`buckets()` is kept between reads (quantiles and the chunk histogram share it) and
-    redone after the next fold: read, more chunks, read again — every gap is in."""
+    """`buckets()` is the stream's dict of non-empty buckets, filled in as gaps are folded
+    (in the order buckets were first hit): read, more chunks, read again — every gap is in,
+    and the quantiles walk the buckets in ascending order whatever order they came in."""
     gaps = Gaps()
     for at in (0.0, 0.01, 0.02):
         gaps.add(at)
@@ -123,6 +124,12 @@ def test_buckets_read_between_chunks_include_every_gap_so_far() -> None:
     later = gaps.buckets()
     assert sum(later.values()) == 3 and later != first
     assert gaps.quantiles(1.0) == [pytest.approx(1.0, rel=0.125)]
+    for at in (1.021, 1.022, 1.023):  # three 1 ms gaps: a bucket below the others, hit last
+        gaps.add(at)
+    assert gaps.quantiles(0.5, 0.99) == [
+        pytest.approx(0.001, rel=0.125),
+        pytest.approx(1.0, rel=0.125),
+    ]
 
 
 def test_added_counts_every_chunk_time_across_folds() -> None:
