@@ -268,18 +268,11 @@ class OpenAIChat(Dialect):
 
         Within one stream such chunks differ only in their content string (id, model and
         created repeat) and perhaps in a tail after the choices (OpenAI's obfuscation pad,
-        the emulator's timestamp), so the first one teaches the stream's `Frame` and a later
-        token chunk of that frame is decided with a few byte comparisons: the same prefix,
-        one line, content not empty (so a token, whatever else the delta holds), and the
-        same suffix — or the marker (its unescaped quotes cannot be inside a string: it is
-        structure) and a tail without usage. `data: [DONE]` is taken whole too. Anything
-        else, an empty content included, takes the checks below.
+        the emulator's timestamp), so the first one teaches the stream's `Frame`
+        (`stats.frame`), and the cycle's token path decides later token chunks with it
+        before it calls here: a chunk that reaches this has failed the frame already, so
+        it is not checked again. `data: [DONE]` is taken whole too.
         """
-        frame = stats.frame
-        if frame is not None and frame.matches(body):
-            stats.events += 1
-            stats.tokens += 1
-            return True
         if body == DONE_CHUNK:  # the stream's last chunk, as every server writes it
             stats.events += 1
             stats.done = True
@@ -310,7 +303,7 @@ class OpenAIChat(Dialect):
         empty = body.count(self._key_empty) + body.count(self._key_null)
         stats.events += events
         stats.tokens += events - empty
-        if frame is None and events == 1 and not empty:
+        if stats.frame is None and events == 1 and not empty:
             self._learn_frame(body, stats)
         return True
 

@@ -508,20 +508,30 @@ chunk_kinds = st.one_of(
 )
 
 
+def count_read(dialect: Any, body: bytes, stats: StreamStats, scanner: SSEScanner) -> None:
+    """What the cycle does with one read that starts at an event boundary: the learned
+    frame's check (one token), else `count_chunk`, else the scanner and each event."""
+    frame = stats.frame
+    if frame is not None and frame.matches(body):
+        stats.events += 1
+        stats.tokens += 1
+    elif not dialect.count_chunk(body, stats):
+        for event in scanner.feed(body):
+            dialect.observe(event, stats)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(chunk_kinds, min_size=1, max_size=3), max_size=12))
 def test_count_chunk_agrees_with_observing_each_event(reads: list[list[bytes]]) -> None:
     """Any stream of chat chunks, several events to a read or one: counting whole reads
-    (count_chunk, with its learned frame, else event by event) gives the same stats as
+    (the learned frame, else count_chunk, else event by event) gives the same stats as
     observing every event. The first event is always observed whole (id and model)."""
     dialect = dialect_for("/v1/chat/completions")
     first = chat_chunk({"role": "assistant", "content": ""})
     fast, reference = StreamStats(), StreamStats()
     scanner, whole = SSEScanner(), SSEScanner()
     for body in [first, *(b"".join(read) for read in reads)]:
-        if not dialect.count_chunk(body, fast):
-            for event in scanner.feed(body):
-                dialect.observe(event, fast)
+        count_read(dialect, body, fast, scanner)
         for event in whole.feed(body):
             dialect.observe(event, reference)
     fast.frame = None
@@ -539,9 +549,7 @@ def test_count_chunk_agrees_with_a_stamped_frame(reads: list[list[bytes]]) -> No
     fast, reference = StreamStats(), StreamStats()
     scanner, whole = SSEScanner(), SSEScanner()
     for body in [first, teach, *(b"".join(read) for read in reads)]:
-        if not dialect.count_chunk(body, fast):
-            for event in scanner.feed(body):
-                dialect.observe(event, fast)
+        count_read(dialect, body, fast, scanner)
         for event in whole.feed(body):
             dialect.observe(event, reference)
     assert fast.frame is not None
@@ -599,8 +607,9 @@ def test_count_chunk_takes_done_whole() -> None:
 
 
 def test_count_chunk_learns_the_frame_and_uses_it() -> None:
-    """The first plain token chunk sets the frame; later chunks of that frame are counted
-    by it (tokens, empty content), and a chunk of another shape falls back and is right."""
+    """The first plain token chunk sets the frame, which takes later token chunks of that
+    shape; count_chunk counts such chunks right without it too (tokens, empty content), and
+    a chunk of another shape falls back and is right."""
     dialect = dialect_for("/v1/chat/completions")
     stats = StreamStats()
     dialect.observe(
@@ -612,6 +621,8 @@ def test_count_chunk_learns_the_frame_and_uses_it() -> None:
     assert frame.prefix.endswith(b'"content":"')
     assert frame.marker == b'"},"logprobs":null,"finish_reason":null}]'
     assert frame.suffix == frame.marker + b"}\n\n"
+    assert frame.matches(chat_chunk({"content": "next"}))
+    assert not frame.matches(chat_chunk({"content": ""}))
     assert dialect.count_chunk(chat_chunk({"content": "next"}), stats)
     assert dialect.count_chunk(chat_chunk({"content": ""}), stats)
     assert (stats.events, stats.tokens) == (4, 2)
