@@ -506,10 +506,7 @@ class Cycle:
             tokens = stats.tokens
             if dialect.count_chunk(body, stats):
                 if stats.tokens != tokens:
-                    if self.first_token_at is None:
-                        self.first_token_at = now
-                    record.gaps.add(now)
-                    self.times_counted += 1
+                    self._heard(record, now)
                 return
         parts = None
         if (
@@ -535,13 +532,18 @@ class Cycle:
                 dialect = self.dialect = sniff(event)
             dialect.observe(event, stats)
         if stats.tokens != tokens:
-            if self.first_token_at is None:
-                self.first_token_at = now
-            assert dialect is not None
-            record.gaps.add(now)
-            self.times_counted += 1
+            self._heard(record, now)
             if record.text is not None:
+                assert dialect is not None
                 record.capture(events, dialect)
+
+    def _heard(self, record: StreamRecord, now: float) -> None:
+        """`_observe` counted tokens in a chunk read at `now` (already in `stats`): the first
+        token's time, the chunk's time, and that time marked as counted (`times_counted`)."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        record.gaps.add(now)
+        self.times_counted += 1
 
     # -- the one timer ---------------------------------------------------------------------------
 
