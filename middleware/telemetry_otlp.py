@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as SDKSpanExporter,
@@ -46,6 +46,7 @@ _CACHE_LIMIT = 4096  # encoded string attributes kept (cleared when full)
 # One tag's caches: whole KeyValues of strings, flags and tuples of strings by (key, value),
 # heads of doubles by key, heads of ints by (key, size).
 _Tagged = tuple[dict[tuple[str, Any], bytes], dict[str, bytes], dict[tuple[str, int], bytes]]
+_T = TypeVar("_T")
 _double = struct.Struct("<d").pack
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
@@ -100,7 +101,7 @@ def _value(value: Any) -> bytes:
     raise TypeError(f"cannot encode {type(value).__name__} as an OTLP value")
 
 
-def _keep(cache: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
+def _keep(cache: dict[Any, _T], key: Any, encoded: _T) -> _T:
     """Store `encoded` in `cache` (emptied first when full) and return it."""
     if len(cache) >= _CACHE_LIMIT:
         cache.clear()
@@ -123,7 +124,7 @@ class _Encoder:
         self._keys: dict[str, bytes] = {}  # encoded key fields
         self._names: dict[str, bytes] = {}  # span name fields
         self._events: dict[str, tuple[bytes, bytes]] = {}  # see _event
-        self._statuses: dict[tuple[StatusCode, str | None], bytes] = {}  # Status bodies
+        self._statuses: dict[tuple[StatusCode, str | None], bytes] = {}  # Status fields
         self._resources: dict[Resource, bytes] = {}
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
@@ -194,22 +195,13 @@ class _Encoder:
         pair = self._key(key) + b"\x12" + _BYTE[size + 1] + _BYTE[number]
         return tag + _varint(len(pair) + size) + pair
 
-    def _cached(self, cache: dict[str, bytes], text: str, tag: bytes) -> bytes:
-        """`text` as a `tag` string field, from `cache` after the first time."""
-        encoded = cache.get(text)
-        if encoded is None:
-            encoded = _keep(cache, text, _string(tag, text))
-        return encoded
-
     def _event(self, name: str) -> tuple[bytes, bytes]:
         """A span event with no attributes: its field up to the time, and its name field."""
         around = self._events.get(name)
         if around is None:
             name_field = _string(b"\x12", name)
-            around = (b"\x5a" + _varint(9 + len(name_field)) + b"\x09", name_field)
-            if len(self._events) >= _CACHE_LIMIT:
-                self._events.clear()
-            self._events[name] = around
+            head = b"\x5a" + _varint(9 + len(name_field)) + b"\x09"
+            around = _keep(self._events, name, (head, name_field))
         return around
 
     def resource(self, resource: Resource) -> bytes:
@@ -243,7 +235,10 @@ class _Encoder:
         parent = span.parent
         if parent:
             parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-        parts.append(self._cached(self._names, span.name, b"\x2a"))
+        name = self._names.get(span.name)
+        if name is None:
+            name = _keep(self._names, span.name, _string(b"\x2a", span.name))
+        parts.append(name)
         parts.append(b"\x30" + _varint(_KIND[span.kind]))
         if span.start_time:
             parts.append(b"\x39" + _fixed64(span.start_time))
@@ -284,8 +279,10 @@ class _Encoder:
         if encoded is None:
             code = status.status_code.value
             body = _string(b"\x12", status.description) + (b"\x18" + _varint(code) if code else b"")
-            encoded = _keep(self._statuses, (status.status_code, status.description), body)
-        parts.append(_field(b"\x7a", encoded))
+            encoded = _keep(
+                self._statuses, (status.status_code, status.description), _field(b"\x7a", body)
+            )
+        parts.append(encoded)
         parts.append(b"\x85\x01" + _fixed32(_flags(parent)))
         return _field(b"\x12", b"".join(parts))
 
