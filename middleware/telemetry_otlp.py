@@ -26,11 +26,12 @@ from typing import Any, TypeVar
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as SDKSpanExporter,
 )
+from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 logger = logging.getLogger("sidestream")
 
@@ -53,6 +54,7 @@ _fixed32 = struct.Struct("<I").pack
 
 
 _BYTE = [bytes((n,)) for n in range(0x80)]  # the one-byte varints
+_NOTHING = object()
 
 
 def _varint(n: int) -> bytes:
@@ -223,7 +225,10 @@ class _Encoder:
         return encoded
 
     def span(self, span: ReadableSpan) -> bytes:
-        context = span.get_span_context()
+        (
+            context, parent, name, kind, start_time, end_time, attributes, dropped_attributes,
+            events, dropped_events, links, dropped_links, status,
+        ) = _parts(span)  # fmt: skip
         assert context is not None
         parts = [
             b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
@@ -232,38 +237,34 @@ class _Encoder:
         if context.trace_state:
             state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
             parts.append(_string(b"\x1a", state))
-        parent = span.parent
         if parent:
             parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-        name = self._names.get(span.name)
-        if name is None:
-            name = _keep(self._names, span.name, _string(b"\x2a", span.name))
-        parts.append(name)
-        parts.append(b"\x30" + _varint(_KIND[span.kind]))
-        if span.start_time:
-            parts.append(b"\x39" + _fixed64(span.start_time))
-        if span.end_time:
-            parts.append(b"\x41" + _fixed64(span.end_time))
-        # ReadableSpan.attributes wraps the SDK's BoundedAttributes in a MappingProxyType, which
-        # items() walks in Python; the dict inside is read where the SDK has one.
-        inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-        parts.append(self.attributes(b"\x4a", span.attributes if inner is None else inner))
-        if span.dropped_attributes:
-            parts.append(b"\x50" + _varint(span.dropped_attributes))
-        for event in span.events:
-            attributes, dropped = event.attributes, event.dropped_attributes
+        name_field = self._names.get(name)
+        if name_field is None:
+            name_field = _keep(self._names, name, _string(b"\x2a", name))
+        parts.append(name_field)
+        parts.append(_KINDS[kind])
+        if start_time:
+            parts.append(b"\x39" + _fixed64(start_time))
+        if end_time:
+            parts.append(b"\x41" + _fixed64(end_time))
+        parts.append(self.attributes(b"\x4a", attributes))
+        if dropped_attributes:
+            parts.append(b"\x50" + _varint(dropped_attributes))
+        for event in events:
+            event_name, timestamp, attributes, dropped = _event_parts(event)
             if not attributes and not dropped:  # a name and a time, as sidestream's events
-                head, name = self._event(event.name)
-                parts.append(head + _fixed64(event.timestamp) + name)
+                head, name_field = self._event(event_name)
+                parts.append(head + _fixed64(timestamp) + name_field)
                 continue
-            body = b"\x09" + _fixed64(event.timestamp) + _string(b"\x12", event.name)
+            body = b"\x09" + _fixed64(timestamp) + _string(b"\x12", event_name)
             body += self.attributes(b"\x1a", attributes)
             if dropped:
                 body += b"\x20" + _varint(dropped)
             parts.append(_field(b"\x5a", body))
-        if span.dropped_events:
-            parts.append(b"\x60" + _varint(span.dropped_events))
-        for link in span.links:
+        if dropped_events:
+            parts.append(b"\x60" + _varint(dropped_events))
+        for link in links:
             linked = link.context
             body = b"\x0a\x10" + linked.trace_id.to_bytes(16, "big")
             body += b"\x12\x08" + linked.span_id.to_bytes(8, "big")
@@ -272,9 +273,8 @@ class _Encoder:
                 body += b"\x28" + _varint(link.dropped_attributes)
             body += b"\x35" + _fixed32(_flags(linked))
             parts.append(_field(b"\x6a", body))
-        if span.dropped_links:
-            parts.append(b"\x70" + _varint(span.dropped_links))
-        status = span.status
+        if dropped_links:
+            parts.append(b"\x70" + _varint(dropped_links))
         encoded = self._statuses.get((status.status_code, status.description))
         if encoded is None:
             code = status.status_code.value
@@ -289,9 +289,16 @@ class _Encoder:
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """An ExportTraceServiceRequest: spans grouped by resource, then by scope."""
         grouped: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
+        last: tuple[Any, Any] = (_NOTHING, _NOTHING)
+        encoded: list[bytes] = []
         for span in spans:
-            scopes = grouped.setdefault(span.resource, {})
-            scopes.setdefault(span.instrumentation_scope or None, []).append(self.span(span))
+            # A provider's spans share its Resource and scope objects: each is looked up
+            # (hashed: Resource's hash writes its attributes as JSON) once per run of spans.
+            resource, scope = span.resource, span.instrumentation_scope or None
+            if resource is not last[0] or scope is not last[1]:
+                encoded = grouped.setdefault(resource, {}).setdefault(scope, [])
+                last = (resource, scope)
+            encoded.append(self.span(span))
         out = []
         for resource, scopes in grouped.items():
             body = [self.resource(resource)]
@@ -303,6 +310,62 @@ class _Encoder:
             body.append(_string(b"\x1a", resource.schema_url))
             out.append(_field(b"\x0a", b"".join(body)))
         return b"".join(out)
+
+
+_KINDS = {kind: b"\x30" + _varint(number) for kind, number in _KIND.items()}
+_SpanParts = tuple[
+    Any, Any, str, SpanKind, "int | None", "int | None", "Mapping[str, Any] | None", int,
+    "Sequence[Event]", int, "Sequence[Link]", int, Status,
+]  # fmt: skip
+
+
+def _parts(span: ReadableSpan) -> _SpanParts:
+    """What `_Encoder.span` writes: context, parent, name, kind, start and end times,
+    attributes, events and links (each with its dropped count), status.
+
+    ReadableSpan's properties are Python functions, its `attributes` a MappingProxyType
+    walked in Python and its `dropped_*` ABC isinstance checks: the SDK's own spans
+    (ReadableSpan, as direct spans are, and its Span) are read from their fields instead,
+    with the SDK's types where they bound something; any other span by its public API."""
+    if type(span) in _SDK_SPANS:
+        fields = span.__dict__
+        attributes, events, links = fields["_attributes"], fields["_events"], fields["_links"]
+        dropped_attributes = dropped_events = dropped_links = 0
+        if type(attributes) is not dict and attributes is not None:
+            dropped_attributes = attributes.dropped  # BoundedAttributes
+            attributes = attributes._dict
+        if type(events) not in _PLAIN:
+            dropped_events = events.dropped  # BoundedList
+        if type(links) not in _PLAIN:
+            dropped_links = links.dropped
+        return (
+            fields["_context"], fields["_parent"], fields["_name"], fields["_kind"],
+            fields["_start_time"], fields["_end_time"], attributes, dropped_attributes,
+            events, dropped_events, links, dropped_links, fields["_status"],
+        )  # fmt: skip
+    return (
+        span.get_span_context(), span.parent, span.name, span.kind, span.start_time,
+        span.end_time, span.attributes, span.dropped_attributes, span.events,
+        span.dropped_events, span.links, span.dropped_links, span.status,
+    )  # fmt: skip
+
+
+# The SDK's span classes whose fields `_parts` reads (`_Span` is what its tracer makes).
+def _event_parts(event: Event) -> tuple[str, int, Mapping[str, Any] | None, int]:
+    """An event's name, time, attributes and dropped count; the SDK's `Event` read from its
+    fields, as `_parts` reads spans."""
+    if type(event) is Event:
+        fields = event.__dict__
+        attributes = fields["_attributes"]
+        dropped = 0
+        if type(attributes) is not dict and attributes is not None:
+            dropped = attributes.dropped  # BoundedAttributes
+        return fields["_name"], fields["_timestamp"], attributes, dropped
+    return event.name, event.timestamp, event.attributes, event.dropped_attributes
+
+
+_SDK_SPANS = frozenset({ReadableSpan, sdk_trace.Span, getattr(sdk_trace, "_Span", ReadableSpan)})
+_PLAIN = frozenset({list, tuple})
 
 
 def _flags(parent: Any) -> int:

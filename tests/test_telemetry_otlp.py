@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (
@@ -296,6 +296,73 @@ def test_the_fast_encoder_writes_what_the_sdk_encoder_writes(
     spans = sdk_spans(attrs, remote_parent)
     ours = ExportTraceServiceRequest.FromString(encode_spans(spans))
     assert ours == sdk_encode(spans)
+
+
+def test_spans_over_their_limits_are_written_with_their_dropped_counts() -> None:
+    """Spans the SDK bounded (attributes, events, links and event attributes over their
+    limits) carry dropped counts, read from the SDK's own bounded types: written as the
+    SDK writes them."""
+    exported = InMemorySpanExporter()
+    limits = SpanLimits(max_span_attributes=2, max_events=1, max_links=1, max_event_attributes=1)
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    links = [Link(SpanContext(7, 8, is_remote=True), {"a": 1, "b": 2}) for _ in range(3)]
+    span = provider.get_tracer("t").start_span("s", attributes={"a": 1, "b": 2}, links=links)
+    span.set_attributes({"c": "x", "d": 0.5})
+    for _ in range(3):
+        span.add_event("e", {"k": 1, "l": 2})
+    span.end()
+    spans = list(exported.get_finished_spans())
+    assert spans[0].dropped_attributes and spans[0].dropped_events and spans[0].dropped_links
+    ours = ExportTraceServiceRequest.FromString(encode_spans(spans))
+    assert ours == sdk_encode(spans)
+    assert ours.resource_spans[0].scope_spans[0].spans[0].dropped_attributes_count == 2
+
+
+class OtherSpan(ReadableSpan):
+    """A ReadableSpan of another class, with properties of its own."""
+
+    @property
+    def name(self) -> str:
+        return "other " + self._name
+
+
+def test_spans_of_other_classes_are_read_through_their_public_api() -> None:
+    """Only the SDK's own span classes are read from their fields; a span of any other class
+    (here one overriding `name`) is encoded from what its properties return."""
+    base = sdk_spans([{"a": "x"}, {"b": 2}], remote_parent=True)
+    spans: list[ReadableSpan] = [
+        OtherSpan(
+            s.name,
+            context=s.get_span_context(),
+            parent=s.parent,
+            resource=s.resource,
+            attributes=s.attributes,
+            events=s.events,
+            links=s.links,
+            kind=s.kind,
+            status=s.status,
+            start_time=s.start_time,
+            end_time=s.end_time,
+            instrumentation_scope=s.instrumentation_scope,
+        )
+        for s in base
+    ]
+    ours = ExportTraceServiceRequest.FromString(encode_spans(spans))
+    assert ours == sdk_encode(spans)
+    assert all(s.name.startswith("other ") for r in ours.resource_spans
+               for ss in r.scope_spans for s in ss.spans)  # fmt: skip
+
+
+def test_spans_of_one_resource_apart_in_a_batch_are_grouped_as_the_sdk_groups_them() -> None:
+    """Spans are grouped by resource and scope (equal ones together, in the order first
+    seen) even when spans of other resources and scopes come between them."""
+    spans = sdk_spans([{"a": "x"}, {"b": 2}], remote_parent=False)
+    mixed = spans[::2] + spans[1::2] + spans[:1]
+    assert len({id(s.resource) for s in mixed}) == 2
+    ours = ExportTraceServiceRequest.FromString(encode_spans(mixed))
+    assert ours == sdk_encode(mixed)
+    assert len(ours.resource_spans) == 2
 
 
 def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
