@@ -23,6 +23,7 @@ from middleware.errors import Outcome
 from middleware.telemetry_content import output_messages
 from middleware.telemetry_direct import exception_event
 from middleware.telemetry_log import sole
+from middleware.telemetry_metrics import Key, series
 
 if TYPE_CHECKING:
     from middleware.cycle import Cycle
@@ -91,6 +92,16 @@ def _timestamp() -> str:
     now = time.time()
     second = int(now)
     return f'"{_second(second)}.{int((now - second) * 1000):03d}Z"'
+
+
+@functools.lru_cache(maxsize=1024)
+def _usage_series(key: Key) -> tuple[Key, Key]:
+    """The token-usage series (input, output) of a stream's series `key`."""
+    attributes = dict(key)
+    return (
+        series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "input"}),
+        series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "output"}),
+    )
 
 
 def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) -> None:
@@ -223,20 +234,23 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
 
     if not genai:
         return
+    key = series(metric_attrs)
     if error_type is not None:
-        telemetry.duration.record(duration, {**metric_attrs, semconv.ERROR_TYPE: error_type})
+        telemetry.duration.record(
+            duration, series({**metric_attrs, semconv.ERROR_TYPE: error_type})
+        )
     else:
-        telemetry.duration.record(duration, metric_attrs)
+        telemetry.duration.record(duration, key)
     if streaming and ttft is not None:
-        telemetry.ttfc.record(ttft, metric_attrs)
-    telemetry.chunks.fold(gaps, metric_attrs)
-    if input_tokens is not None:
-        usage = {**metric_attrs, semconv.GEN_AI_TOKEN_TYPE: "input"}
-        telemetry.token_usage.record(input_tokens, usage)
-    if output_tokens is not None:
-        usage = {**metric_attrs, semconv.GEN_AI_TOKEN_TYPE: "output"}
-        telemetry.token_usage.record(output_tokens, usage)
-    by_outcome = {semconv.OUTCOME: outcome.value}
+        telemetry.ttfc.record(ttft, key)
+    telemetry.chunks.fold(gaps, key)
+    if input_tokens is not None or output_tokens is not None:
+        by_input, by_output = _usage_series(key)
+        if input_tokens is not None:
+            telemetry.token_usage.record(input_tokens, by_input)
+        if output_tokens is not None:
+            telemetry.token_usage.record(output_tokens, by_output)
+    by_outcome = ((semconv.OUTCOME, outcome.value),)
     telemetry.streams.add(1, by_outcome)
     if cycle.keepalives:
         telemetry.keepalives.add(cycle.keepalives)

@@ -23,7 +23,7 @@ from operator import sub
 
 from middleware import semconv
 from middleware.cycle import TIMES_KEPT
-from middleware.telemetry_metrics import LocalHistogram
+from middleware.telemetry_metrics import Key, LocalHistogram
 
 SUB = 8  # log buckets per octave
 # Upper bounds: bucket i holds (BOUNDS[i-1], BOUNDS[i]], as OTel's explicit buckets do; the
@@ -160,7 +160,7 @@ class ChunkHistogram(LocalHistogram):
             start_time_ns,
         )
 
-    def fold(self, gaps: Gaps, attributes: dict[str, str | int]) -> None:
+    def fold(self, gaps: Gaps, key: Key) -> None:
         gaps.fold()
         if not gaps.count:
             return
@@ -171,4 +171,4 @@ class ChunkHistogram(LocalHistogram):
             counts[spec] = counts.get(spec, 0) + n
         # min is the lower bound of the lowest bucket: within 12.5% below the true one.
         low = _lower_bound(min(buckets))
-        self.merge(attributes, counts, gaps.count, gaps.total, low, gaps.max)
+        self.merge(key, counts, gaps.count, gaps.total, low, gaps.max)

@@ -30,7 +30,9 @@ Attributes = Mapping[str, str | int]
 Key = tuple[tuple[str, str | int], ...]
 
 
-def _key(attributes: Attributes) -> Key:
+def series(attributes: Attributes) -> Key:
+    """The key of the series `attributes` name: what the instruments here take, made once per
+    attribute set (a stream's measurements share most of theirs) instead of per update."""
     return tuple(sorted(attributes.items()))
 
 
@@ -80,13 +82,22 @@ class LocalHistogram(_Local):
         self.bounds = list(bounds)
         self._series: dict[Key, _Buckets] = {}
 
-    def record(self, value: float, attributes: Attributes) -> None:
+    def record(self, value: float, key: Key) -> None:
+        """Add one value to the series `key` (see `series`)."""
         index = bisect.bisect_left(self.bounds, value)
-        self.merge(attributes, {index: 1}, 1, value, value, value)
+        with self._lock:
+            buckets = self._series.get(key) or self._new(key)
+            buckets.counts[index] += 1
+            buckets.count += 1
+            buckets.total += value
+            if value < buckets.min:
+                buckets.min = value
+            if value > buckets.max:
+                buckets.max = value
 
     def merge(
         self,
-        attributes: Attributes,
+        key: Key,
         counts: Mapping[int, int],
         count: int,
         total: float,
@@ -94,17 +105,18 @@ class LocalHistogram(_Local):
         high: float,
     ) -> None:
         """Add `count` values summing to `total`, within [low, high], bucketed as `counts`."""
-        key = _key(attributes)
         with self._lock:
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = _Buckets(len(self.bounds) + 1)
+            buckets = self._series.get(key) or self._new(key)
             for index, n in counts.items():
-                series.counts[index] += n
-            series.count += count
-            series.total += total
-            series.min = min(series.min, low)
-            series.max = max(series.max, high)
+                buckets.counts[index] += n
+            buckets.count += count
+            buckets.total += total
+            buckets.min = min(buckets.min, low)
+            buckets.max = max(buckets.max, high)
+
+    def _new(self, key: Key) -> _Buckets:
+        buckets = self._series[key] = _Buckets(len(self.bounds) + 1)
+        return buckets
 
     def _points(self, now_ns: int) -> list[Any]:
         return [
@@ -135,8 +147,8 @@ class LocalCounter(_Local):
         super().__init__(name, unit, description, start_ns)
         self._sums: dict[Key, int] = {}
 
-    def add(self, amount: int, attributes: Attributes | None = None) -> None:
-        key = _key(attributes) if attributes else ()
+    def add(self, amount: int, key: Key = ()) -> None:
+        """Add `amount` to the series `key` (see `series`; none: the one without attributes)."""
         with self._lock:
             self._sums[key] = self._sums.get(key, 0) + amount
 

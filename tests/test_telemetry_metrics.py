@@ -29,7 +29,7 @@ from middleware import semconv
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, prometheus_text
-from middleware.telemetry_metrics import LocalCounter, LocalHistogram
+from middleware.telemetry_metrics import LocalCounter, LocalHistogram, series
 from middleware.telemetry_prometheus import metric_name
 from tests import clients
 from tests.apps import DONE, ROLE, SCOPE, SSE_HEADERS, Probe, chunk, scripted
@@ -337,9 +337,9 @@ def test_local_aggregation_reports_what_the_sdk_would(bounds: tuple[float, ...])
     for i, value in enumerate(values):
         for attributes in attrs[: 1 + i % 2]:
             sdk_hist.record(value, attributes)
-            local_hist.record(value, attributes)
+            local_hist.record(value, series(attributes))
             sdk_count.add(i, attributes)
-            local_count.add(i, attributes)
+            local_count.add(i, series(attributes))
     data = reader.get_metrics_data()
     assert data is not None
     sdk = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}

@@ -25,6 +25,7 @@ from middleware import semconv
 from middleware.sse import Event
 from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
 from middleware.telemetry_gaps import BOUNDS, ChunkHistogram, Gaps
+from middleware.telemetry_metrics import series
 
 
 def ev(data: str, event: str = "message") -> Event:
@@ -163,7 +164,7 @@ def test_chunk_histogram_buckets_are_the_conventions_buckets_exactly() -> None:
     """Folding a stream puts each gap in the bucket the SDK would: (b[i-1], b[i]]."""
     values = [0.005, 0.015, 0.03, 0.05, 0.3, 1.0, 90.0]
     histogram = ChunkHistogram(0)
-    histogram.fold(gaps_of(values), {"a": "b"})
+    histogram.fold(gaps_of(values), series({"a": "b"}))
     metric = histogram.metric(1)
     assert metric is not None
     (point,) = metric.data.data_points  # type: ignore[union-attr]
