@@ -16,7 +16,11 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
+from opentelemetry import baggage as otel_baggage
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
+from opentelemetry.propagators.textmap import TextMapPropagator, default_setter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -35,6 +39,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    get_current_span,
     set_span_in_context,
 )
 from opentelemetry.trace.span import TraceState
@@ -45,7 +50,7 @@ from middleware.telemetry import Telemetry
 from middleware.telemetry_otlp import OTLPSpanExporter, encode_spans
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
-from sidecar.proxy import ProxyApp
+from sidecar.proxy import ProxyApp, inject_trace_context
 from sidecar.upstream import Upstream
 from tests import clients
 from tests.servers import serve
@@ -230,6 +235,96 @@ async def test_without_telemetry_the_clients_traceparent_passes_through() -> Non
         finally:
             await proxy.aclose()
     assert header(echo.seen[0], "traceparent") == [inbound]
+
+
+# --- the trace context sent upstream ------------------------------------------------------------
+
+CLIENT_HEADERS = [
+    (b"host", b"up"),
+    (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    (b"tracestate", b"client=1"),
+    (b"baggage", b"client=1"),
+    (b"x-keep", b"1"),
+]
+
+
+def propagated(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` as the global propagator's own inject would leave them: its fields (and the
+    client's traceparent and tracestate) replaced by what it writes for the current context."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    drop = {k.encode() for k in carrier} | {b"traceparent", b"tracestate"}
+    kept = [(k, v) for k, v in headers if k not in drop]
+    return kept + [(k.encode(), v.encode()) for k, v in carrier.items()]
+
+
+@pytest.mark.parametrize("state", [None, TraceState([("vendor", "a=b"), ("other", "1")])])
+@pytest.mark.parametrize("flags", [0, 1])
+@pytest.mark.parametrize("with_baggage", [False, True])
+def test_the_upstream_gets_the_trace_context_the_propagator_writes(
+    state: TraceState | None, flags: int, with_baggage: bool
+) -> None:
+    """With the default propagation, traceparent and tracestate are written as the W3C
+    propagator writes them (replacing the client's, other headers kept); with baggage in the
+    context, the baggage header too."""
+    span = NonRecordingSpan(
+        SpanContext(
+            0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state
+        )
+    )
+    ctx = set_span_in_context(span)
+    if with_baggage:
+        ctx = otel_baggage.set_baggage("tenant", "a b", ctx)
+    token = otel_context.attach(ctx)
+    try:
+        headers = list(CLIENT_HEADERS)
+        inject_trace_context(headers)
+        expected = propagated(CLIENT_HEADERS)
+    finally:
+        otel_context.detach(token)
+    assert headers == expected
+    assert (b"traceparent", b"00-%032x-%016x-%02x" % (0x1234, 0x5678, flags)) in headers
+    assert any(k == b"baggage" and b"tenant" in v for k, v in headers) == with_baggage
+
+
+class VendorPropagator(TextMapPropagator):
+    """A propagator of another format: `x-vendor-trace` only."""
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        return context
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = default_setter) -> None:
+        span_context = get_current_span(context).get_span_context()
+        setter.set(carrier, "x-vendor-trace", f"{span_context.trace_id:x}")
+
+    @property
+    def fields(self) -> set[str]:
+        return {"x-vendor-trace"}
+
+
+def test_another_propagator_writes_its_own_headers() -> None:
+    """When OTEL_PROPAGATORS (or set_global_textmap) names another propagator, it writes the
+    upstream's trace headers, not sidestream's W3C shortcut."""
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(VendorPropagator())
+    token = otel_context.attach(
+        set_span_in_context(NonRecordingSpan(SpanContext(0xAB, 0xCD, False)))
+    )
+    try:
+        headers = list(CLIENT_HEADERS)
+        inject_trace_context(headers)
+    finally:
+        otel_context.detach(token)
+        propagate.set_global_textmap(before)
+    assert (b"x-vendor-trace", b"ab") in headers
+    assert not any(k == b"traceparent" for k, _ in headers)
+
+
+def test_without_a_current_span_the_headers_are_left_as_they_are() -> None:
+    """Telemetry off (no current span): the client's trace headers go upstream unchanged."""
+    headers = list(CLIENT_HEADERS)
+    inject_trace_context(headers)
+    assert headers == CLIENT_HEADERS
 
 
 # --- the fast encoder writes exactly what the SDK's encoder writes ---------------------------
