@@ -247,6 +247,7 @@ class OpenAIChat(Dialect):
     name = "openai.chat"
     operation = "chat"
     _token = _CHAT_TOKEN
+    _token_keys = ('"content"', '"reasoning', '"refusal"', '"arguments"')  # what _token needs
 
     _literal = '"content":"'  # how OpenAI and vLLM write it: decides most chunks without the regex
     _key = b'"content":'
@@ -258,7 +259,10 @@ class OpenAIChat(Dialect):
         at = data.find(self._literal)
         if at >= 0 and data[at + len(self._literal) : at + len(self._literal) + 1] not in ('"', ""):
             return True
-        return self._token.search(data) is not None
+        for key in self._token_keys:  # the regex's keys, by substring: most events hold none
+            if key in data:
+                return self._token.search(data) is not None
+        return False
 
     def count_chunk(self, body: bytes, stats: StreamStats) -> bool:
         """Whole one-line `data: {...}` events whose only content key is `content` (`text`),
@@ -293,11 +297,12 @@ class OpenAIChat(Dialect):
                 return False
         if (
             body.count(self._key) != events
-            or b'"usage"' in body
+            # find, not `in`: a bytes needle `in` bytes is first tried as an int (see sse.py)
+            or body.find(b'"usage"') >= 0
             or body.count(b'"finish_reason"') != body.count(b'"finish_reason":null')
-            or b'"reasoning' in body
-            or b'"refusal":"' in body
-            or b'"arguments":"' in body
+            or body.find(b'"reasoning') >= 0
+            or body.find(b'"refusal":"') >= 0
+            or body.find(b'"arguments":"') >= 0
         ):
             return False
         empty = body.count(self._key_empty) + body.count(self._key_null)
@@ -317,7 +322,7 @@ class OpenAIChat(Dialect):
         if end < 0 or close < 0:
             return
         marker = body[end : close + 2]
-        if b"[" not in marker and b'"usage"' not in marker:
+        if marker.find(b"[") < 0 and marker.find(b'"usage"') < 0:
             stats.frame = Frame(body[:start], marker, body[end:])
 
     def _details(self, event: Event, stats: StreamStats) -> None:
@@ -353,6 +358,7 @@ class OpenAICompletions(OpenAIChat):
     name = "openai.completions"
     operation = "text_completion"
     _token = _COMPLETION_TOKEN
+    _token_keys = ('"text"',)
     _literal = '"text":"'
     _key = b'"text":'
     _key_empty = b'"text":""'
