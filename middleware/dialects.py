@@ -247,7 +247,7 @@ class OpenAIChat(Dialect):
     name = "openai.chat"
     operation = "chat"
     _token = _CHAT_TOKEN
-    _token_keys = ('"content"', '"reasoning', '"refusal"', '"arguments"')  # what _token needs
+    _token_keys: tuple[str, ...] = ('"content"', '"reasoning', '"refusal"', '"arguments"')
 
     _literal = '"content":"'  # how OpenAI and vLLM write it: decides most chunks without the regex
     _key = b'"content":'
