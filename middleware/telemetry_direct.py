@@ -33,7 +33,13 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    StaticSampler,
+)
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, TraceFlags
 
@@ -68,6 +74,7 @@ class DirectSpans:
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor, kind: SpanKind) -> None:
         self.sampler = provider.sampler
+        self.policy = _policy(provider.sampler)
         self.ids = provider.id_generator
         self.resource = provider.resource
         self.processor = processor
@@ -89,17 +96,26 @@ class DirectSpans:
         else:
             trace_id = parent_context.trace_id
             random = parent_context.trace_flags & _RANDOM_TRACE_ID
-        result = self.sampler.should_sample(parent, trace_id, name, self.kind, attributes)
-        decision = result.decision
+        policy = self.policy
+        if policy is None:
+            result = self.sampler.should_sample(parent, trace_id, name, self.kind, attributes)
+            decision, trace_state = result.decision, result.trace_state
+            recorded = None if decision is Decision.DROP else dict(result.attributes or {})
+        else:  # the SDK's default samplers, decided here as they decide (without their calls)
+            sampled = policy is _ON or (
+                policy is _PARENT and (parent_context is None or parent_context.trace_flags.sampled)
+            )
+            decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+            trace_state = None if parent_context is None else parent_context.trace_state
+            recorded = dict(attributes) if sampled else None
         flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
         context = SpanContext(
             trace_id,
             self.ids.generate_span_id(),
             is_remote=False,
             trace_flags=TraceFlags(flags | random),
-            trace_state=result.trace_state,
+            trace_state=trace_state,
         )
-        recorded = None if decision is Decision.DROP else dict(result.attributes or {})
         return DirectSpan(context, parent_context, recorded, start_time)
 
     def end(
@@ -141,6 +157,21 @@ class DirectSpans:
                 instrumentation_scope=self.scope,
             )
         )
+
+
+_ON, _OFF, _PARENT = "always_on", "always_off", "parentbased_always_on"
+
+
+def _policy(sampler: Sampler) -> str | None:
+    """Which of the SDK's default samplers `sampler` is (`OTEL_TRACES_SAMPLER` always_on,
+    always_off, or parentbased_always_on, the default, with its default delegates): their
+    decisions need only the parent's sampled flag. None for any other sampler, asked per span."""
+    if type(sampler) is StaticSampler:
+        return _ON if sampler.get_description() == ALWAYS_ON.get_description() else _OFF
+    default = ParentBased(ALWAYS_ON).get_description()  # type: ignore[no-untyped-call]
+    if type(sampler) is ParentBased and sampler.get_description() == default:  # type: ignore[no-untyped-call]
+        return _PARENT
+    return None
 
 
 def exception_event(error: BaseException, timestamp: int, escaped: bool) -> Event:

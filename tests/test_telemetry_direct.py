@@ -19,12 +19,30 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import SpanKind, get_current_span
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    TraceState,
+    get_current_span,
+    set_span_in_context,
+)
 
 from middleware import semconv
 from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry
+from middleware.telemetry_direct import DirectSpans
 from middleware.telemetry_otlp import encode_spans
 from tests import clients
 from tests.apps import DONE, ROLE, chunk, scripted
@@ -187,3 +205,73 @@ def test_a_direct_span_keeps_its_kind() -> None:
     )
     assert made.direct is not None and made.direct.kind is SpanKind.CLIENT
     assert made.tracer is None
+
+
+class FixedIds(RandomIdGenerator):
+    """The same trace id every time (ratio samplers decide by it), random span ids."""
+
+    def __init__(self, trace_id: int) -> None:
+        self.trace_id = trace_id
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+
+class Tagging(Sampler):
+    """A sampler of its own: samples, adds an attribute and a trace state entry."""
+
+    def should_sample(self, parent_context: Any, *args: Any, **kwargs: Any) -> SamplingResult:
+        state = TraceState([("tagging", "1")])
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, {"sampled.by": "tagging"}, state)
+
+    def get_description(self) -> str:
+        return "Tagging"
+
+
+SAMPLERS = {
+    "always_on": ALWAYS_ON,
+    "always_off": ALWAYS_OFF,
+    "parentbased_always_on": ParentBased(ALWAYS_ON),
+    "parentbased_always_off": ParentBased(ALWAYS_OFF),
+    "ratio": TraceIdRatioBased(0.5),
+    "parentbased_ratio": ParentBased(TraceIdRatioBased(0.5)),
+    "parentbased_delegates": ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
+    "own": Tagging(),
+}
+PARENTS = {
+    "none": None,
+    "remote_sampled": (True, 1, TraceState([("vendor", "x")])),
+    "remote_unsampled": (True, 0, None),
+    "local_sampled": (False, 1, None),
+    "local_unsampled": (False, 0, TraceState([("vendor", "y")])),
+}
+
+
+@pytest.mark.parametrize("trace_id", [1, 2**127 - 1], ids=["low", "high"])
+@pytest.mark.parametrize("parent", PARENTS, ids=str)
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=str)
+def test_a_direct_span_is_sampled_as_the_sdk_samples(
+    sampler: str, parent: str, trace_id: int
+) -> None:
+    """Whatever the sampler (the SDK's defaults, which direct spans decide themselves, or any
+    other, asked per span) and the parent (none, remote or local, sampled or not, with trace
+    state), a direct span gets the SDK span's decision: flags, trace state, recorded or not,
+    and the sampler's attributes."""
+    ids = FixedIds(trace_id)
+    provider = TracerProvider(sampler=SAMPLERS[sampler], id_generator=ids)
+    context = None
+    if PARENTS[parent] is not None:
+        remote, flags, state = PARENTS[parent]
+        span_context = SpanContext(trace_id, 0x99, remote, TraceFlags(flags), state)
+        context = set_span_in_context(NonRecordingSpan(span_context))
+    attributes = {"http.request.method": "POST"}
+    sdk = provider.get_tracer("t").start_span("chat", context=context, attributes=attributes)
+    direct = DirectSpans(provider, SimpleSpanProcessor(InMemorySpanExporter()), SpanKind.CLIENT)
+    ours = direct.start("chat", context, dict(attributes), 1)
+    expected = sdk.get_span_context()
+    assert ours.context.trace_id == expected.trace_id
+    assert ours.context.trace_flags == expected.trace_flags
+    assert ours.context.trace_state == expected.trace_state
+    assert (ours.attributes is not None) == sdk.is_recording()
+    if sdk.is_recording():
+        assert ours.attributes == dict(sdk.attributes or {})
