@@ -438,7 +438,6 @@ class Cycle:
             if frame is not None and self.line_state is EVENT:
                 # `Frame.matches`' usual case written out first: a call costs as much. (An
                 # `if`, not a boolean expression: CPython specializes the int compare there.)
-                usual = False
                 if not frame.varies:
                     rest = body.removeprefix(frame.prefix)
                     content = rest.removesuffix(frame.suffix)
@@ -449,14 +448,16 @@ class Cycle:
                         and content[0] != 34
                         and LF not in content
                     ):
-                        usual = True
-                if usual or frame.matches(body):
-                    times = self.times
-                    times.append(now)
-                    if len(times) >= TIMES_KEPT:
-                        assert self.record is not None
-                        self.record.gaps.fold()
-                    return  # one whole event, as the frame checked: the line state stays EVENT
+                        times = self.times
+                        times.append(now)
+                        if len(times) >= TIMES_KEPT:
+                            self._fold()
+                        return  # one whole event, as checked: the line state stays EVENT
+                if frame.matches(body):  # the other tails (and the usual case, again)
+                    self.times.append(now)
+                    if len(self.times) >= TIMES_KEPT:
+                        self._fold()
+                    return
             self._observe(body, now, stats)
             self.frame = stats.frame
         elif self.scanner is not None:
@@ -465,6 +466,11 @@ class Cycle:
             self.first_token_at = now
         # The usual chunk ends an event: the automaton's first rule, without the call.
         self.line_state = EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
+
+    def _fold(self) -> None:
+        """The token path's chunk times reached TIMES_KEPT: fold them into the gaps."""
+        assert self.record is not None
+        self.record.gaps.fold()
 
     def stream_stats(self) -> StreamStats | None:
         """The stream's stats (None without telemetry or SSE), with the tokens counted on the
