@@ -294,11 +294,14 @@ def main() -> int:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = uvloop.run(main_async(cfg))
-    # The loop may leave stdout non-blocking: a result longer than the pipe (64 KB of
-    # latencies) would then be cut off when the harness reads it late.
-    os.set_blocking(sys.stdout.fileno(), True)
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+    # After the loop a write to the pipe may return after 64 KB even with the descriptor
+    # made blocking again (`write` returned 65536 of 300001 bytes under strace), and
+    # sys.stdout does not retry: the harness, reading late, got a cut-off result. Loop.
+    fd = sys.stdout.fileno()
+    os.set_blocking(fd, True)
+    rest = memoryview((json.dumps(result) + "\n").encode())
+    while rest:
+        rest = rest[os.write(fd, rest) :]
     return 0
 
 
