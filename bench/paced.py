@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
-from contextlib import ExitStack
 
 from bench import scenarios
-from bench.run import rotate, telemetry_wired
+from bench.run import rotate, telemetry_wired, together
 from bench.targets import TARGETS, nginx_binary, otlp_sink, session
 
 
@@ -92,26 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{statistics.median(ratios[target]):.2f}x" if target in ratios else "1"
         print(f"| {target} | {statistics.median(cpu[target]):.2f} | {ratio} |")
     return 0
-
-
-def together(targets: list[str], sink_port: int, tokens: int, stamp: str) -> dict[str, float]:
-    """Scenario a's CPU per 100k tokens of each target, all loaded at once."""
-    figures: dict[str, float] = {}
-    with ExitStack() as stack:
-        sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
-
-        def load(target: str) -> None:
-            run = scenarios.paced(sessions[target], tokens=tokens, stamp=stamp)
-            figures[target] = run["a_cpu_100k"]
-
-        threads = [threading.Thread(target=load, args=(t,)) for t in targets]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    if len(figures) != len(targets):
-        raise RuntimeError(f"a load failed: got figures for {sorted(figures)} only")
-    return figures
 
 
 if __name__ == "__main__":

@@ -105,7 +105,12 @@ def table(med: dict[str, dict[str, Any]], targets: list[str], sizes: list[int]) 
     return "\n".join(lines)
 
 
-def budgets(med: dict[str, dict[str, Any]], sizes: list[int], otel: bool) -> str:
+def budgets(
+    med: dict[str, dict[str, Any]], sizes: list[int], otel: bool, together: list[float]
+) -> str:
+    """The budgets table. Telemetry's budget in scenario a is judged by `together` (its
+    ratios with telemetry off and on loaded at the same time) when there are some, the
+    in-turns median shown beside it."""
     s = med.get("sidestream", {})
     o = med.get("sidestream+otel", {})
     big = max(sizes)
@@ -133,6 +138,12 @@ def budgets(med: dict[str, dict[str, Any]], sizes: list[int], otel: bool) -> str
         label = f"{scen}. telemetry on: CPU per token ≤ 1.15x off"
         if not otel:
             rows.append(f"| {label} | telemetry-on: not yet available | — |")
+        elif scen == "a" and together:
+            at_once = statistics.median(together)
+            each = ", ".join(f"{r:.2f}" for r in together)
+            shown = f"{at_once:.2f}x at once ({len(together)} repetitions: {each})"
+            shown += f"; in turns {fmt(o.get(key))}x"
+            rows.append(f"| {label} | {shown} | {'yes' if at_once <= 1.15 else '**no**'} |")
         else:
             v = o.get(key)
             met = v is not None and _num(v) and float(v) <= 1.15

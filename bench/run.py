@@ -3,7 +3,10 @@
 Quick mode (`make bench`, under 3 minutes): one repetition, fewer cancel/connect samples,
 2,000 idle streams. Full mode (`make bench-full`, under 10 minutes): three repetitions and
 idle at 2,000 and 9,000. Each repetition starts each target's processes afresh, in an order
-rotated by one per repetition. The report goes to stdout and `bench/results/<timestamp>.md`.
+rotated by one per repetition. Then scenario a runs a few more times with telemetry off and
+on at the same time (`together`: 2 quick, 5 full), for the telemetry budget: in turns, the
+machine's load moves that ratio by more than the budget's margin. The report goes to stdout
+and `bench/results/<timestamp>.md`.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import argparse
 import os
 import platform
 import resource
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +44,11 @@ class Mode:
     cancels: int
     connects: int
     idle: tuple[int, ...]
+    together: int  # repetitions of scenario a with telemetry off and on at the same time
 
 
-QUICK = Mode("quick", reps=1, flood_s=2.0, cancels=50, connects=100, idle=(2000,))
-FULL = Mode("full", reps=3, flood_s=3.0, cancels=100, connects=200, idle=(2000, 9000))
+QUICK = Mode("quick", reps=1, flood_s=2.0, cancels=50, connects=100, idle=(2000,), together=2)
+FULL = Mode("full", reps=3, flood_s=3.0, cancels=100, connects=200, idle=(2000, 9000), together=5)
 
 
 def log(msg: str) -> None:
@@ -52,6 +58,42 @@ def log(msg: str) -> None:
 def rotate(items: list[str], n: int) -> list[str]:
     n %= len(items)
     return items[n:] + items[:n]
+
+
+def together(targets: list[str], sink_port: int, tokens: int, stamp: str) -> dict[str, float]:
+    """Scenario a's CPU per 100k tokens of each target, all loaded at once (each with its own
+    upstream and load, the proxies sharing the proxy core): a neighbour's burst lands on every
+    target alike, so their ratio spreads several times less than in turns."""
+    figures: dict[str, float] = {}
+    with ExitStack() as stack:
+        sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
+
+        def load(target: str) -> None:
+            run = scenarios.paced(sessions[target], tokens=tokens, stamp=stamp)
+            figures[target] = run["a_cpu_100k"]
+
+        threads = [threading.Thread(target=load, args=(t,)) for t in targets]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if len(figures) != len(targets):
+        raise RuntimeError(f"a load failed: got figures for {sorted(figures)} only")
+    return figures
+
+
+def telemetry_together(sink_port: int, reps: int) -> list[float]:
+    """Telemetry on over off in scenario a, `reps` times, both targets at once."""
+    ratios = []
+    for rep in range(reps):
+        log(f"together {rep + 1}/{reps}: sidestream, sidestream+otel")
+        try:
+            figures = together(["sidestream", "sidestream+otel"], sink_port, 200, "content")
+        except Exception:  # a failed load: the report has the repetitions that ran
+            log(traceback.format_exc())
+            continue
+        ratios.append(figures["sidestream+otel"] / figures["sidestream"])
+    return ratios
 
 
 def telemetry_wired(sink_port: int) -> bool:
@@ -143,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"rep {rep + 1}/{reps}: {target}")
                 figures[target] = guarded(target, run_streams, target, sink_port, mode)
             reps_figures.append(figures)
+        both = otel and "sidestream" in targets
+        at_once = telemetry_together(sink_port, mode.together) if both else []
         idle_targets = [t for t in targets if t != "sidestream+otel"]
         for i, n in enumerate(mode.idle):
             for target in rotate(idle_targets, i):
@@ -161,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             f"# sidestream benchmark — {time.strftime('%Y-%m-%d %H:%M:%S')}",
             " ".join(notes),
             report.table(med, targets, list(mode.idle)),
-            report.budgets(med, list(mode.idle), otel),
+            report.budgets(med, list(mode.idle), otel, at_once),
             report.cpu_by_rep(reps_figures, targets),
         ]
         + (["Errors:\n" + "\n".join(f"- {e}" for e in errors)] if errors else [])
