@@ -434,8 +434,10 @@ class Cycle:
             # `times_counted`), no scanner, no JSON.
             # Everything it touches hangs off this object, not off the stats, record and gaps:
             # three fewer cache lines per token, fetched again after 49 other streams' tokens.
+            # `frame` is None while a read has left the stream inside an event (set below), so
+            # a chunk that reaches the check starts at an event boundary.
             frame = self.frame
-            if frame is not None and self.line_state is EVENT:
+            if frame is not None:
                 # `Frame.matches`' usual case written out first: a call costs as much. (An
                 # `if`, not a boolean expression: CPython specializes the int compare there.)
                 if not frame.varies:
@@ -459,8 +461,11 @@ class Cycle:
                         self._fold()
                     return
             self._observe(body, now, stats)
-            self.frame = stats.frame
-        elif self.scanner is not None:
+            state = EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
+            self.line_state = state
+            self.frame = stats.frame if state is EVENT else None
+            return
+        if self.scanner is not None:
             self._scan(body, now)
         elif self.first_token_at is None:
             self.first_token_at = now

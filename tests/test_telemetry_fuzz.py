@@ -174,3 +174,19 @@ def test_reads_of_whole_events_count_as_the_scanner_sees_them(groups: list[list[
     assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage
     reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS, ())
     assert reasons == tuple(stats.finish_reasons)
+
+
+def test_a_token_shaped_read_after_a_read_that_ends_inside_an_event_joins_that_event() -> None:
+    """The token path's frame check only decides reads that start at an event boundary. A
+    read that ends after a data line but before the blank line leaves the stream inside an
+    event; the next read, though shaped like a whole token chunk, adds a data line to that
+    same event: one event, one token — and the finish chunk after it is parsed as itself."""
+    _, _, role, token, last = SHAPES["chat"]
+    usage = event({**BASE, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}})
+    inside = token("b")[:-1]  # `data: {...}\n`: the event is not ended
+    reads = [role, token("a"), inside, token("c"), last, usage, b"data: [DONE]\n\n"]
+    out, attributes = relay("/v1/chat/completions", reads)
+    assert out == b"".join(reads)
+    assert attributes[semconv.TOKENS] == 2  # "a", and "b" + "c" as one event
+    assert attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert attributes[semconv.OUTCOME] == "completed"
