@@ -45,7 +45,11 @@ PROVIDERS = {
     "anthropic": "anthropic",
     "tgi": "huggingface.tgi",
 }
-_CANCELLED = frozenset(FAILURES | {Outcome.CLIENT_DISCONNECTED, Outcome.SLOW_CLIENT})
+# By value: an Outcome hashes through a Python __hash__ (Enum's), its value as the str it is.
+_FAILURE_VALUES = frozenset(o.value for o in FAILURES)
+_CANCELLED = frozenset(
+    _FAILURE_VALUES | {Outcome.CLIENT_DISCONNECTED.value, Outcome.SLOW_CLIENT.value}
+)
 _UNSET = Status(StatusCode.UNSET)
 
 # The access-log line: one JSON object, its keys written once here and its values by `%`
@@ -114,8 +118,9 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         outcome = Outcome.UPSTREAM_ERROR
     status = cycle.status or (500 if failure is not None else 0)
     error_type: str | None = None
-    if outcome in FAILURES:
-        error_type = outcome.value
+    outcome_value = outcome.value  # an Enum property (a Python call): read once
+    if outcome_value in _FAILURE_VALUES:
+        error_type = outcome_value
     elif failure is not None:
         error_type = type(failure).__qualname__
     elif status >= 500:
@@ -141,7 +146,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
     if stats is not None:
         output_tokens = stats.output_tokens if stats.output_tokens is not None else stats.tokens
 
-    attrs: dict[str, Any] = {semconv.OUTCOME: outcome.value}
+    attrs: dict[str, Any] = {semconv.OUTCOME: outcome_value}
     if status:
         attrs[semconv.HTTP_RESPONSE_STATUS_CODE] = status
     if error_type is not None:
@@ -250,11 +255,11 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
             telemetry.token_usage.record(input_tokens, by_input)
         if output_tokens is not None:
             telemetry.token_usage.record(output_tokens, by_output)
-    by_outcome = ((semconv.OUTCOME, outcome.value),)
+    by_outcome = ((semconv.OUTCOME, outcome_value),)
     telemetry.streams.add(1, by_outcome)
     if cycle.keepalives:
         telemetry.keepalives.add(cycle.keepalives)
-    if cycle.aborted_at is not None and outcome in _CANCELLED:
+    if cycle.aborted_at is not None and outcome_value in _CANCELLED:
         telemetry.cancellations.add(1, by_outcome)
 
     log = telemetry.access_log
@@ -269,7 +274,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         _quote(record.method),
         _quote(record.path),
         _text(model),
-        _quote(outcome.value),
+        _quote(outcome_value),
         _int(status or None),
         "true" if streaming else "false",
         _ms(ttft),
