@@ -247,6 +247,7 @@ class OpenAIChat(Dialect):
     name = "openai.chat"
     operation = "chat"
     _token = _CHAT_TOKEN
+    # The regex's keys, the first being `_literal`'s.
     _token_keys: tuple[str, ...] = ('"content"', '"reasoning', '"refusal"', '"arguments"')
 
     _literal = '"content":"'  # how OpenAI and vLLM write it: decides most chunks without the regex
@@ -256,10 +257,14 @@ class OpenAIChat(Dialect):
 
     def is_token(self, event: Event) -> bool:
         data = event.data
+        keys = self._token_keys  # the regex's keys, by substring: most events hold none
         at = data.find(self._literal)
-        if at >= 0 and data[at + len(self._literal) : at + len(self._literal) + 1] not in ('"', ""):
-            return True
-        for key in self._token_keys:  # the regex's keys, by substring: most events hold none
+        if at >= 0:
+            if data[at + len(self._literal) : at + len(self._literal) + 1] not in ('"', ""):
+                return True
+            if data.find(keys[0]) == at and data.find(keys[0], at + 1) < 0:
+                keys = keys[1:]  # the one content key holds "" (the role chunk): the others
+        for key in keys:
             if key in data:
                 return self._token.search(data) is not None
         return False

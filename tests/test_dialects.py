@@ -297,6 +297,20 @@ def test_chat_reasoning_and_tool_calls_are_tokens() -> None:
         assert dialect.is_token(Event("message", data, None, None)) is expected, delta
 
 
+@pytest.mark.parametrize("seps", [(",", ":"), (", ", ": ")])
+@pytest.mark.parametrize("second", ["hi", "", None])
+def test_chat_a_later_choice_with_text_makes_a_token(seps: tuple[str, str], second: Any) -> None:
+    """With several choices (`n` > 1), the first choice's empty `"content":""` does not
+    decide the event: a later choice's text makes it a token, whatever the spacing."""
+    choices = [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}},
+        {"index": 1, "delta": {"content": second}},
+    ]
+    data = json.dumps({"choices": choices}, separators=seps)
+    token = dialect_for("/v1/chat/completions").is_token(Event("message", data, None, None))
+    assert token is bool(second)
+
+
 def test_select_by_path() -> None:
     """select() picks the dialect by path, also under a prefix or with a trailing slash."""
     assert dialect_for("/v1/chat/completions").name == "openai.chat"
