@@ -48,7 +48,7 @@ def count(setup: str, streams: int, tokens: int, stamped: bool) -> Counts:
         asyncio.run(run(setup, streams, tokens, stamped))
     finally:
         sys.settrace(None)
-        threading.settrace(None)  # type: ignore[arg-type]
+        threading.settrace(None)
     return counts
 
 
