@@ -456,11 +456,14 @@ class Cycle:
                             self._fold()
                         return  # one whole event, as checked: the line state stays EVENT
                 if frame.matches(body):  # the other tails (and the usual case, again)
-                    self.times.append(now)
-                    if len(self.times) >= TIMES_KEPT:
+                    times = self.times  # `Gaps.add` inline, as above: a call per token
+                    times.append(now)
+                    if len(times) >= TIMES_KEPT:
                         self._fold()
                     return
             self._observe(body, now, stats)
+            # The line-state rule below, here too so that the frame follows it; written twice
+            # to keep the telemetry-off path free of telemetry's checks.
             state = EVENT if body.endswith(b"\n\n") else advance(self.line_state, body)
             self.line_state = state
             self.frame = stats.frame if state is EVENT else None

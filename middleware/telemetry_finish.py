@@ -266,11 +266,13 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
     if not log.isEnabledFor(logging.INFO):
         return
     context = span.get_span_context() if span is not None else None
+    if context is not None and not context.is_valid:  # a property: asked once
+        context = None
     message = _LINE % (
         _timestamp(),
         _quote(record.request_id),
-        f'"{context.trace_id:032x}"' if context and context.is_valid else "null",
-        f'"{context.span_id:016x}"' if context and context.is_valid else "null",
+        f'"{context.trace_id:032x}"' if context else "null",
+        f'"{context.span_id:016x}"' if context else "null",
         _quote(record.method),
         _quote(record.path),
         _text(model),

@@ -350,7 +350,6 @@ def _parts(span: ReadableSpan) -> _SpanParts:
     )  # fmt: skip
 
 
-# The SDK's span classes whose fields `_parts` reads (`_Span` is what its tracer makes).
 def _event_parts(event: Event) -> tuple[str, int, Mapping[str, Any] | None, int]:
     """An event's name, time, attributes and dropped count; the SDK's `Event` read from its
     fields, as `_parts` reads spans."""
@@ -364,6 +363,7 @@ def _event_parts(event: Event) -> tuple[str, int, Mapping[str, Any] | None, int]
     return event.name, event.timestamp, event.attributes, event.dropped_attributes
 
 
+# The SDK's span classes whose fields `_parts` reads (`_Span` is what its tracer makes).
 _SDK_SPANS = frozenset({ReadableSpan, sdk_trace.Span, getattr(sdk_trace, "_Span", ReadableSpan)})
 _PLAIN = frozenset({list, tuple})
 
