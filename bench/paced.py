@@ -4,7 +4,8 @@
 tokens, 20 ms apart) for the chosen targets, each started afresh per repetition in an order
 rotated by one, and prints each repetition's proxy CPU seconds per 100k tokens, its ratio to
 the first target within that repetition, and the medians. The machine is noisy, so compare
-ratios from one run, over several repetitions. With `--tokens 1000` the per-stream share
+ratios from one run, over several repetitions: beside each median ratio stand a 95% bootstrap
+interval of it and how many repetitions were below 1. With `--tokens 1000` the per-stream share
 is a fifth of scenario a's, so the ratio shows mostly what each token costs.
 
 `--together` runs the targets at the same time instead, each with its own upstream and
@@ -23,6 +24,7 @@ import statistics
 import sys
 
 from bench import scenarios
+from bench.report import median_interval
 from bench.run import rotate, telemetry_wired, together
 from bench.targets import TARGETS, nginx_binary, otlp_sink, session
 
@@ -84,11 +86,23 @@ def main(argv: list[str] | None = None) -> int:
         f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions, {when}, "
         f"stamp in the {args.stamp}"
     )
-    print(f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) |")
-    print("|---|---|---|")
+    print(
+        f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) "
+        "| 95% interval of that median | lower than the first target |"
+    )
+    print("|---|---|---|---|---|")
     for target in targets:
-        ratio = f"{statistics.median(ratios[target]):.2f}x" if target in ratios else "1"
-        print(f"| {target} | {statistics.median(cpu[target]):.2f} | {ratio} |")
+        ratio, interval, lower = "1", "", ""
+        if target in ratios:
+            ratio = f"{statistics.median(ratios[target]):.3f}x"
+            if len(ratios[target]) > 1:
+                low, high = median_interval(ratios[target])
+                interval = f"{low:.3f} to {high:.3f}"
+            below = sum(r < 1 for r in ratios[target])
+            lower = f"{below} of {len(ratios[target])}"
+        print(
+            f"| {target} | {statistics.median(cpu[target]):.2f} | {ratio} | {interval} | {lower} |"
+        )
     return 0
 
 
