@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for rep in range(args.reps):
             if args.together:
-                figures = together(targets, sink_port, args.tokens, args.stamp)
+                figures = together(rotate(targets, rep), sink_port, args.tokens, args.stamp)
             else:
                 figures = {}
                 for target in rotate(targets, rep):

@@ -63,7 +63,8 @@ def rotate(items: list[str], n: int) -> list[str]:
 def together(targets: list[str], sink_port: int, tokens: int, stamp: str) -> dict[str, float]:
     """Scenario a's CPU per 100k tokens of each target, all loaded at once (each with its own
     upstream and load, the proxies sharing the proxy core): a neighbour's burst lands on every
-    target alike, so their ratio spreads several times less than in turns."""
+    target alike, so their ratio spreads several times less than in turns. Started in the
+    order given: callers rotate it per repetition, so no target always starts first."""
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
@@ -88,7 +89,8 @@ def telemetry_together(sink_port: int, reps: int) -> list[float]:
     for rep in range(reps):
         log(f"together {rep + 1}/{reps}: sidestream, sidestream+otel")
         try:
-            figures = together(["sidestream", "sidestream+otel"], sink_port, 200, "content")
+            pair = rotate(["sidestream", "sidestream+otel"], rep)  # neither always first
+            figures = together(pair, sink_port, 200, "content")
         except Exception:  # a failed load: the report has the repetitions that ran
             log(traceback.format_exc())
             continue
