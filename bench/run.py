@@ -87,9 +87,9 @@ def telemetry_together(sink_port: int, reps: int) -> list[float]:
     """Telemetry on over off in scenario a, `reps` times, both targets at once."""
     ratios = []
     for rep in range(reps):
-        log(f"together {rep + 1}/{reps}: sidestream, sidestream+otel")
+        pair = rotate(["sidestream", "sidestream+otel"], rep)  # neither always first
+        log(f"together {rep + 1}/{reps}: {', '.join(pair)}")
         try:
-            pair = rotate(["sidestream", "sidestream+otel"], rep)  # neither always first
             figures = together(pair, sink_port, 200, "content")
         except Exception:  # a failed load: the report has the repetitions that ran
             log(traceback.format_exc())
