@@ -192,6 +192,13 @@ class Session:
             # (lazy imports, the exporter's connection) goes out with the warm-up's spans,
             # before any scenario's CPU window opens.
             self.exported = wait_export(self.sink_port, before, BSP_DELAY_S + 3.0)
+            if not self.exported:  # its first export, and what that costs once, may come later
+                print(
+                    f"bench: {self.target}'s warm-up spans did not reach the sink within "
+                    f"{BSP_DELAY_S + 3.0:.0f} s; its first export may fall in a CPU window",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _start_sidestream(self, otel: bool = False, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
         if otel:
