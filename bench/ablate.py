@@ -36,7 +36,7 @@ from bench.targets import ROOT
 
 # part -> (file, the anchor, what replaces it: the anchor with the cut before it)
 _FRAME = (
-    "middleware/dialects.py",
+    "middleware/dialects/frame.py",
     "        if not self.varies:\n            rest = body.removeprefix(self.prefix)\n",
     "        return body.startswith(self.prefix)  # ABLATED\n"
     "        if not self.varies:\n            rest = body.removeprefix(self.prefix)\n",

@@ -1,0 +1,144 @@
+"""What every dialect shares: the per-stream `StreamStats`, JSON helpers that never raise,
+and `Dialect`, the generic fallback the others refine."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from middleware.sse import Event
+
+if TYPE_CHECKING:
+    from middleware.dialects.frame import Frame
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What `Dialect.observe` learned about one stream; read by telemetry at its end."""
+
+    events: int = 0  # events observed
+    tokens: int = 0  # events that carried content (see Dialect.is_token)
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    input_tokens: int | None = None  # from usage, when the stream reports it
+    output_tokens: int | None = None
+    done: bool = False  # saw the dialect's end-of-stream marker
+    malformed: int = 0  # events whose JSON could not be parsed where it was needed
+    frame: Frame | None = None  # learned from a plain token chunk (Dialect.count_chunk)
+
+
+# What json.loads runs under its Python layers: the C scanner, (value, end) from an index
+# (typeshed does not declare the attribute).
+_scan: Callable[[str, int], tuple[Any, int]]
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def json_object(text: str | bytes) -> dict[str, Any] | None:
+    """The JSON object `text` holds, None when it holds anything else or is not JSON.
+
+    Compact UTF-8 JSON, what servers send and clients post, goes to the C scanner directly:
+    `json.loads`' Python layers (encoding detection, whitespace skipping, its checks) cost
+    more than parsing a chunk. Whatever the scanner does not take whole (whitespace around
+    the value, a BOM, UTF-16, not JSON) is left to `json.loads`, so the result is its own.
+    """
+    try:
+        data = text.decode() if isinstance(text, bytes) else text
+        obj, end = _scan(data, 0)
+        if end == len(data):
+            return obj if type(obj) is dict else None
+    except (StopIteration, ValueError, RecursionError):
+        pass
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _loads(data: str, stats: StreamStats) -> dict[str, Any]:
+    """The event's JSON object, or {} (counted as malformed) when it is not one."""
+    obj = json_object(data)
+    if obj is not None:
+        return obj
+    stats.malformed += 1
+    return {}
+
+
+def _dict(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _int(obj: dict[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _identify(obj: dict[str, Any], stats: StreamStats) -> None:
+    """Take the response id and model from `obj` where the stats do not have them yet."""
+    if stats.response_id is None:
+        stats.response_id = _str(obj, "id")
+    if stats.response_model is None:
+        stats.response_model = _str(obj, "model")
+
+
+def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    """One complete SSE event; json.dumps escapes newlines, so `data` is one line."""
+    line = "data: " + json.dumps(data, separators=(",", ":")) + "\n\n"
+    return (line if event is None else f"event: {event}\n{line}").encode()
+
+
+_TYPE = re.compile(r'"type"\s*:\s*"([^"\\]*)"')
+
+
+def _type(event: Event) -> str:
+    """The event's type: its `event:` field, else the first "type" key of its data."""
+    if event.event != "message":
+        return event.event
+    match = _TYPE.search(event.data)
+    return match.group(1) if match else ""
+
+
+class Dialect:
+    """Generic fallback: every data event except `[DONE]` is a chunk carrying content."""
+
+    name = "generic"
+    operation = "chat"
+
+    def is_token(self, event: Event) -> bool:
+        return event.data != "[DONE]" and event.data != ""
+
+    def observe(self, event: Event, stats: StreamStats) -> None:
+        """Update `stats` from one event. Never raises on malformed data."""
+        stats.events += 1
+        if self.is_token(event):
+            stats.tokens += 1
+        self._details(event, stats)
+
+    def count_chunk(self, body: bytes, stats: StreamStats) -> bool:
+        """Account for a whole chunk at once, without splitting it into events.
+
+        A fast path for the usual chunk: only called at an event boundary. Returns False,
+        changing nothing, when the chunk is not plain enough to decide this way; the caller
+        then feeds it event by event.
+        """
+        return False
+
+    def _details(self, event: Event, stats: StreamStats) -> None:
+        if event.data == "[DONE]":
+            stats.done = True
+        elif stats.events == 1 and event.data.startswith("{"):
+            _identify(_loads(event.data, stats), stats)
+
+    def error_event(self, error: dict[str, str]) -> bytes:
+        """One complete terminal SSE event carrying `error` (message, type, code)."""
+        return _sse({"error": error})

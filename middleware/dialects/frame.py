@@ -1,0 +1,68 @@
+"""A stream's learned token chunk (`Frame`): how the cycle's token path counts a token without
+parsing it (see `OpenAIChat.count_chunk`)."""
+
+from __future__ import annotations
+
+from middleware.sse import LF
+
+
+class Frame:
+    """One stream's plain token chunk around its content string (see `count_chunk`):
+    `prefix` up to the string's opening quote, `marker` from its closing quote to the end
+    of the choices array, `suffix` from that quote to the end of the chunk."""
+
+    __slots__ = ("marker", "prefix", "shortest", "start", "suffix", "tail_len", "varies")
+
+    def __init__(self, prefix: bytes, marker: bytes, suffix: bytes) -> None:
+        self.prefix = prefix
+        self.start = len(prefix)  # the content string's first byte
+        self.marker = marker
+        self.suffix = suffix
+        self.tail_len = len(suffix) - len(marker)
+        # A token chunk holds the prefix, one content byte, the marker and a line end at least.
+        self.shortest = self.start + 1 + len(marker) + 2
+        self.varies = False  # a token chunk has had a tail other than the learned one
+
+    def matches(self, body: bytes) -> bool:
+        """Is `body` one event and one token of this frame: the same prefix, one line (its
+        first line end is the event's end: a second event would need another), content not
+        empty (so a token, whatever else the delta holds), then the same suffix or the
+        marker and a tail of its own (OpenAI's obfuscation pad, the emulator's timestamp)
+        with no usage in it. Runs once per relayed token; the caller counts.
+
+        The usual case, the learned suffix, takes the prefix and the suffix off: the content
+        is what is left, and it must not start with the closing quote of "" nor hold a line
+        end (prefix and suffix hold none but the event's end). `removeprefix` and
+        `removesuffix` take one argument where `startswith` and `endswith` parse a tuple of
+        them, and their checks add to no more than the rest: ~40% less time per chunk.
+        `Cycle._relayed` writes this case out inline before calling here: keep the two the
+        same."""
+        if not self.varies:
+            rest = body.removeprefix(self.prefix)
+            content = rest.removesuffix(self.suffix)
+            if rest is not body and content is not rest and content and content[0] != 34:
+                return LF not in content
+        if not (
+            len(body) >= self.shortest  # a read may end anywhere, right after the prefix too
+            and body.startswith(self.prefix)
+            # One line, then line ends (it ends with a blank line: checked below). What
+            # rstrip() takes besides is blank lines and lines of spaces, which make no event;
+            # it is also cheaper than the slice body[:-2] (no slice object).
+            and LF not in body.rstrip()
+            and body[self.start] != 34  # not the closing quote of ""
+            and body[-2:] == b"\n\n"  # the end of an event
+        ):
+            return False
+        # A tail of its own after the marker.
+        marker = self.marker
+        close = len(body) - self.tail_len  # a tail as long as the learned one: the usual
+        if body[close - len(marker) : close] != marker:
+            close = body.rfind(b"}]") + 2
+            if close <= self.start or body[close - len(marker) : close] != marker:
+                return False
+        tail = body[close:]
+        usage = tail.count(b'"usage"')
+        if usage and usage != tail.count(b'"usage":null'):
+            return False
+        self.varies = True  # a tail per chunk: check it first from now on
+        return True
