@@ -14,6 +14,7 @@ from middleware.dialects.base import (
     _sse,
     _str,
     _type,
+    _usage,
 )
 from middleware.sse import Event
 
@@ -50,9 +51,7 @@ class Anthropic(Dialect):
         if kind == "message_start":
             message = _dict(_loads(event.data, stats), "message")
             _identify(message, stats)
-            usage = _dict(message, "usage")
-            stats.input_tokens = _int(usage, "input_tokens")
-            stats.output_tokens = _int(usage, "output_tokens")
+            _usage(stats, message, "input_tokens", "output_tokens")
         elif kind == "message_delta":
             obj = _loads(event.data, stats)
             reason = _str(_dict(obj, "delta"), "stop_reason")

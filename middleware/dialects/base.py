@@ -83,6 +83,14 @@ def _int(obj: dict[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _usage(stats: StreamStats, obj: dict[str, Any], input_key: str, output_key: str) -> None:
+    """Take the token counts from `obj`'s usage object, when it has one."""
+    usage = _dict(obj, "usage")
+    if usage:
+        stats.input_tokens = _int(usage, input_key)
+        stats.output_tokens = _int(usage, output_key)
+
+
 def _identify(obj: dict[str, Any], stats: StreamStats) -> None:
     """Take the response id and model from `obj` where the stats do not have them yet."""
     if stats.response_id is None:

@@ -10,11 +10,11 @@ from middleware.dialects.base import (
     StreamStats,
     _dict,
     _identify,
-    _int,
     _loads,
     _sse,
     _str,
     _type,
+    _usage,
 )
 from middleware.dialects.frame import Frame
 from middleware.sse import CR, Event
@@ -145,10 +145,7 @@ class OpenAIChat(Dialect):
             reason = _str(choice, "finish_reason") if isinstance(choice, dict) else None
             if reason is not None:
                 stats.finish_reasons.append(reason)
-        usage = _dict(obj, "usage")
-        if usage:
-            stats.input_tokens = _int(usage, "prompt_tokens")
-            stats.output_tokens = _int(usage, "completion_tokens")
+        _usage(stats, obj, "prompt_tokens", "completion_tokens")
 
 
 class OpenAICompletions(OpenAIChat):
@@ -195,10 +192,7 @@ class OpenAIResponses(Dialect):
         status = _str(response, "status")
         if status is not None:
             stats.finish_reasons.append(status)
-        usage = _dict(response, "usage")
-        if usage:
-            stats.input_tokens = _int(usage, "input_tokens")
-            stats.output_tokens = _int(usage, "output_tokens")
+        _usage(stats, response, "input_tokens", "output_tokens")
 
     def error_event(self, error: dict[str, str]) -> bytes:
         body = {"type": "error", "code": error.get("code"), "message": error.get("message")}
