@@ -128,7 +128,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
 
     stats = cycle.stream_stats()
     gaps = record.gaps
-    gaps.fold()  # the chunk times not folded yet
+    gaps.seal()  # the chunk times not folded yet: sorted, or into the buckets
     streaming = cycle.streaming
     dialect = cycle.dialect or record.genai
     genai = record.genai is not None or streaming

@@ -4,7 +4,9 @@
 fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s. Per chunk
 it costs one list append; the gaps are bucketed in batches (sorted in C, then one `bisect`
 per non-empty bucket, not one per gap). Percentiles are read from it once, at the stream's
-end.
+end. A stream that ends before its first batch (`FOLD_AT` chunks: most streams) skips the
+buckets altogether: `seal` sorts its gaps once, and the readers take exact quantiles and the
+chunk histogram's counts from that sorted list (a few `bisect`s), not from buckets.
 
 `ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
 record once per chunk. An SDK `Histogram.record` costs ~10 µs — more than the whole relay of
@@ -32,6 +34,7 @@ BOUNDS = [math.ldexp(1.0 + s / SUB, e) / 100.0 for e in range(-12, 14) for s in 
 _bucket_of = functools.partial(bisect.bisect_left, BOUNDS)
 # The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding each log bucket.
 _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, math.inf]]
+_SPEC_BOUNDS = list(semconv.DURATION_BUCKETS)
 
 
 class Gaps:
@@ -48,7 +51,7 @@ class Gaps:
     current after `fold()` (the readers below fold first).
     """
 
-    __slots__ = ("count", "counts", "first", "last", "max", "times", "total")
+    __slots__ = ("count", "counts", "exact", "first", "last", "max", "times", "total")
     FOLD_AT = TIMES_KEPT  # chunk times kept before folding (the cycle appends too)
 
     def __init__(self) -> None:
@@ -59,6 +62,8 @@ class Gaps:
         self.max = 0.0
         self.first: float | None = None
         self.last: float | None = None
+        # Every gap, sorted, instead of `counts`: set by `seal` when nothing was folded.
+        self.exact: list[float] | None = None
 
     def add(self, now: float) -> None:
         """A content-carrying chunk arrived at `now` (the cycle's monotonic clock)."""
@@ -77,6 +82,9 @@ class Gaps:
         times = self.times
         if not times:
             return
+        if self.exact is not None:  # a time after `seal`: the sorted gaps go to buckets too
+            self._bucket(self.exact)
+            self.exact = None
         last = self.last
         if last is None:
             self.first = times[0]
@@ -87,13 +95,32 @@ class Gaps:
         del times[:]
         if not gaps:
             return
-        n = len(gaps)
-        self.count += n
+        self.count += len(gaps)
         self.total += sum(gaps)
         self.max = max(self.max, gaps[-1])
-        # Sorted, the gaps of one bucket are a run: one step per non-empty bucket (a stream's
-        # gaps fill a few), each a bisect for the run's end, instead of a search per gap.
-        counts, top = self.counts, len(BOUNDS)
+        self._bucket(gaps)
+
+    def seal(self) -> None:
+        """The stream has ended: fold what is kept, or, when nothing was folded yet, keep the
+        gaps sorted as they are (`exact`) for the readers below. A time added afterwards
+        moves them into the buckets, so a sealed `Gaps` stays correct."""
+        times = self.times
+        if self.first is not None or len(times) < 2 or self.exact is not None:
+            self.fold()
+            return
+        gaps = sorted(map(sub, times[1:], times))
+        self.first, self.last = times[0], times[-1]
+        del times[:]
+        self.count = len(gaps)
+        self.total = sum(gaps)
+        self.max = gaps[-1]
+        self.exact = gaps
+
+    def _bucket(self, gaps: list[float]) -> None:
+        """Count sorted `gaps` into the buckets. Sorted, the gaps of one bucket are a run:
+        one step per non-empty bucket (a stream's gaps fill a few), each a bisect for the
+        run's end, instead of a search per gap."""
+        counts, top, n = self.counts, len(BOUNDS), len(gaps)
         start = 0
         while start < n:
             index = _bucket_of(gaps[start])
@@ -106,11 +133,15 @@ class Gaps:
 
     def buckets(self) -> dict[int, int]:
         """The non-empty buckets: index -> count (the readers share it: do not change it)."""
+        if self.exact is not None:
+            self._bucket(self.exact)
+            self.exact = None
         self.fold()
         return self.counts
 
     def quantile(self, q: float) -> float | None:
-        """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max."""
+        """The q-quantile (0 < q <= 1) to within one bucket (12.5%), never above the max;
+        exact (nearest rank) once `seal` has kept the gaps sorted."""
         return self.quantiles(q)[0]
 
     def quantiles(self, *qs: float) -> list[float | None]:
@@ -118,8 +149,11 @@ class Gaps:
         self.fold()
         if not self.count or not qs:
             return [None] * len(qs)
-        out: list[float | None] = []
         ranks = [max(1, math.ceil(q * self.count)) for q in qs]
+        exact = self.exact
+        if exact is not None:
+            return [exact[rank - 1] for rank in ranks]
+        out: list[float | None] = []
         seen = 0
         for index, n in sorted(self.buckets().items()):
             seen += n
@@ -163,6 +197,21 @@ class ChunkHistogram(LocalHistogram):
     def fold(self, gaps: Gaps, key: Key) -> None:
         gaps.fold()
         if not gaps.count:
+            return
+        exact = gaps.exact
+        if exact is not None:  # sorted: each bucket's count is where its bound falls
+            by_spec: dict[int, int] = {}
+            n, below = len(exact), 0
+            for spec, bound in enumerate(_SPEC_BOUNDS):
+                at = bisect.bisect_right(exact, bound, below)
+                if at > below:
+                    by_spec[spec] = at - below
+                    below = at
+                if below == n:
+                    break
+            else:
+                by_spec[len(_SPEC_BOUNDS)] = n - below
+            self.merge(key, by_spec, gaps.count, gaps.total, exact[0], gaps.max)
             return
         counts: dict[int, int] = {}
         buckets = gaps.buckets()

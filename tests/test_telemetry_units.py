@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -173,6 +175,67 @@ def test_chunk_histogram_buckets_are_the_conventions_buckets_exactly() -> None:
         expected[next((i for i, b in enumerate(semconv.DURATION_BUCKETS) if v <= b), 14)] += 1
     assert list(point.bucket_counts) == expected  # type: ignore[union-attr]
     assert point.count == len(values) and point.max == pytest.approx(90.0)  # type: ignore[union-attr]
+
+
+def _point(histogram: ChunkHistogram) -> Any:
+    metric = histogram.metric(1)
+    assert metric is not None
+    (point,) = metric.data.data_points  # type: ignore[union-attr]
+    return point
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([0.0, 0.004, 0.01, 0.0100001, 0.02, 0.5, 81.92, 100.0])
+        | st.floats(0.0, 200.0),
+        min_size=1,
+        max_size=Gaps.FOLD_AT - 2,
+    )
+)
+def test_a_sealed_stream_reads_its_gaps_exactly_and_buckets_them_as_folding_does(
+    values: list[float],
+) -> None:
+    """`seal` on a stream shorter than one batch keeps its gaps sorted: p50/p99 are the exact
+    nearest-rank quantiles, and the chunk histogram gets the same bucket counts, count, sum
+    and max as from the folded log buckets (its min exact, not a bucket's lower bound)."""
+    sealed, folded = gaps_of(values), gaps_of(values)
+    sealed.seal()
+    folded.fold()
+    assert sealed.exact is not None and folded.exact is None
+    ordered = sorted(sealed.exact)  # the gaps as the clock differences give them
+    for q in (0.5, 0.99, 1.0):
+        assert sealed.quantile(q) == ordered[max(1, math.ceil(q * len(ordered))) - 1]
+    assert sealed.tokens_per_second() == folded.tokens_per_second()
+    assert (sealed.count, sealed.max) == (folded.count, folded.max) == (len(values), ordered[-1])
+    by_seal, by_fold = ChunkHistogram(0), ChunkHistogram(0)
+    by_seal.fold(sealed, series({"a": "b"}))
+    by_fold.fold(folded, series({"a": "b"}))
+    got, want = _point(by_seal), _point(by_fold)
+    assert list(got.bucket_counts) == list(want.bucket_counts)
+    assert (got.count, got.max) == (want.count, want.max)
+    assert got.sum == pytest.approx(want.sum)
+    assert got.min == ordered[0] and want.min <= ordered[0]
+
+
+def test_a_time_after_seal_moves_the_sorted_gaps_into_the_buckets() -> None:
+    """A sealed Gaps that is added to again stays correct: every gap counted once."""
+    gaps = gaps_of([0.02] * 10)
+    gaps.seal()
+    gaps.add(gaps.last + 0.5)  # type: ignore[operator]
+    assert gaps.quantiles(0.5, 1.0) == [
+        pytest.approx(0.02, rel=0.125),
+        pytest.approx(0.5, rel=0.125),
+    ]
+    assert gaps.exact is None and gaps.count == 11 == sum(gaps.buckets().values())
+    assert gaps.added() == 12
+
+
+def test_sealing_a_stream_longer_than_a_batch_folds_it() -> None:
+    """A stream that has folded a batch already is sealed into the buckets, not sorted."""
+    gaps = gaps_of([0.02] * (Gaps.FOLD_AT + 10))
+    gaps.seal()
+    assert gaps.exact is None and not gaps.times and gaps.count == Gaps.FOLD_AT + 10
 
 
 def test_request_attributes_from_a_whole_body() -> None:
