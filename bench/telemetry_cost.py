@@ -9,8 +9,8 @@ path the sidecar uses, finish + usage + [DONE] — under callgrind, in these set
 - `record`: telemetry without spans (sidestream's own record, metrics, access log);
 - `span`: plus a direct span per stream (`telemetry_direct`), handed to a BatchSpanProcessor
   whose exporter drops it;
-- `encode`: plus the span batch encoded by sidestream's OTLP encoder (`telemetry_otlp`): what
-  the sidecar does;
+- `encode`: plus sidestream's OTLP exporter (`telemetry_otlp`) with an HTTP client that sends
+  nothing: spans written in OTLP at their end and batched, what the sidecar does;
 - `sdk-span`: the same with SDK spans (`Telemetry(tracer_provider=...)`), for comparison;
 - `sdk-encode`: SDK spans and the SDK's own encoder.
 
@@ -68,6 +68,18 @@ def frames(stamped: bool) -> tuple[Frames, list[bytes]]:
     ]
 
 
+class Unsent:
+    """An OTLP exporter's HTTP client that sends nothing and succeeds."""
+
+    success = True
+
+    def export(self, data: bytes) -> Any:
+        return self
+
+    def shutdown(self) -> None:
+        pass
+
+
 def telemetry(setup: str) -> Any:
     """The Telemetry of `setup` (None for off); spans go to a processor that drops them."""
     if setup == "off":
@@ -82,7 +94,7 @@ def telemetry(setup: str) -> Any:
 
     class Dropping(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            if setup in ("encode", "sdk-span"):
+            if setup == "sdk-span":
                 encode_spans(spans)
             elif setup == "sdk-encode":
                 sdk(spans).SerializePartialToString()
@@ -92,9 +104,13 @@ def telemetry(setup: str) -> Any:
     readers = [InMemoryMetricReader()]
     if setup == "record":
         return Telemetry(metric_readers=readers)
-    processor = BatchSpanProcessor(
-        Dropping(), max_queue_size=100_000, schedule_delay_millis=600_000
-    )
+    exporter: SpanExporter = Dropping()
+    if setup == "encode":  # the sidecar's exporter, its HTTP client one that sends nothing
+        from middleware.telemetry_otlp import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+        exporter._client = Unsent()  # type: ignore[attr-defined]
+    processor = BatchSpanProcessor(exporter, max_queue_size=100_000, schedule_delay_millis=600_000)
     if setup.startswith("sdk-"):
         provider = TracerProvider()
         provider.add_span_processor(processor)

@@ -19,6 +19,11 @@ Deliberate differences from SDK spans (do not "fix" these):
 - Processors see `on_end` only (there is no SDK `Span` to give `on_start`). The sidecar
   uses one `BatchSpanProcessor`; `Telemetry(tracer_provider=...)` keeps SDK spans for
   applications that need every processor hook.
+- A Batch or Simple span processor in front of this package's OTLP exporter
+  (`telemetry_otlp.OTLPSpanExporter`, what `Telemetry.from_env` builds) gets each span
+  already written in OTLP (`telemetry_otlp.EncodedSpan`), not a `ReadableSpan`: those
+  processors read only its context and that exporter only its bytes, and the end of a
+  stream then builds no ReadableSpan, no Event objects, and no second pass over them.
 - Span limits (`OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, `..._VALUE_LENGTH_LIMIT`) are applied with
   the SDK's `BoundedAttributes`, but only when the span would exceed them.
 """
@@ -27,12 +32,13 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
     Decision,
@@ -44,6 +50,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, TraceFlags
 
 from middleware import semconv
+
+if TYPE_CHECKING:
+    from middleware.telemetry_otlp import EncodedSpan, _Encoder
 
 # W3C Trace Context level 2's random flag, where the installed API knows it (as the SDK sets it).
 _RANDOM_TRACE_ID: int = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
@@ -81,6 +90,20 @@ class DirectSpans:
         self.kind = kind
         self.scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE, "", "", {})  # get_tracer's
         self.limits = SpanLimits()  # from the OTEL_* variables, as the provider's
+        # In front of this package's OTLP exporter, a span is written in OTLP at its end
+        # (`telemetry_otlp.EncodedSpan`): no ReadableSpan, no Event objects, no second read.
+        # (Imported here: the OTLP exporter's module loads the HTTP client.)
+        self.encoder: _Encoder | None = None
+        exporter = getattr(processor, "span_exporter", None)
+        if (
+            type(processor) in (BatchSpanProcessor, SimpleSpanProcessor)  # they read `context` only
+            and type(exporter).__module__ == "middleware.telemetry_otlp"
+        ):
+            from middleware.telemetry_otlp import EncodedSpan, OTLPSpanExporter, _Encoder
+
+            if isinstance(exporter, OTLPSpanExporter) and exporter.fast:
+                self.encoder = _Encoder()
+                self.encoded: type[EncodedSpan] = EncodedSpan
 
     def start(
         self, name: str, parent: Context | None, attributes: dict[str, Any], start_time: int
@@ -123,11 +146,13 @@ class DirectSpans:
         span: DirectSpan,
         name: str,
         attributes: Mapping[str, Any],
-        events: list[Event],
+        events: list[tuple[str, int]],
+        error: Event | None,
         status: Status,
         end_time: int,
     ) -> None:
-        """Hand the finished span to the processor (nothing for one the sampler dropped)."""
+        """Hand the finished span to the processor (nothing for one the sampler dropped):
+        `events` are (name, time) pairs, `error` an exception event to add after them."""
         if span.attributes is None:
             return
         merged = span.attributes
@@ -142,6 +167,27 @@ class DirectSpans:
                 immutable=True,
                 max_value_len=limits.max_span_attribute_length,
             )
+        encoder = self.encoder
+        most_events = limits.max_events
+        if (
+            encoder is not None
+            and bounded is merged
+            and (most_events is None or len(events) < most_events)
+        ):
+            timed: list[Event | tuple[str, int]] = list(events)
+            if error is not None:
+                timed.append(error)
+            context = span.context
+            data = encoder.write(
+                context, span.parent, name, self.kind, span.start_time, end_time,
+                merged, 0, timed, 0, (), 0, status,
+            )  # fmt: skip
+            encoded = self.encoded(context, data, self.resource, self.scope)
+            self.processor.on_end(encoded)  # type: ignore[arg-type]
+            return
+        sdk_events = [Event(event, None, at) for event, at in events]
+        if error is not None:
+            sdk_events.append(error)
         self.processor.on_end(
             ReadableSpan(
                 name,
@@ -149,7 +195,7 @@ class DirectSpans:
                 parent=span.parent,
                 resource=self.resource,
                 attributes=bounded,
-                events=events[: limits.max_events],
+                events=sdk_events[: limits.max_events],
                 kind=self.kind,
                 status=status,
                 start_time=span.start_time,

@@ -15,7 +15,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Status, StatusCode
 
 from middleware import semconv
@@ -221,11 +220,11 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         span_status = _UNSET if error_type is None else Status(StatusCode.ERROR, error_type)
         direct = record.direct
         if direct is not None:
-            timed = [Event(event, None, at) for event, at in events]
-            if error is not None:
-                timed.append(exception_event(error, error_at, escaped))
+            exception = None if error is None else exception_event(error, error_at, escaped)
             assert telemetry.direct is not None
-            telemetry.direct.end(direct, name, attrs, timed, span_status, record.ns(end))
+            telemetry.direct.end(
+                direct, name, attrs, events, exception, span_status, record.ns(end)
+            )
         else:
             span.update_name(name)
             span.set_attributes(attrs)

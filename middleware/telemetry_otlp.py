@@ -225,10 +225,26 @@ class _Encoder:
         return encoded
 
     def span(self, span: ReadableSpan) -> bytes:
-        (
-            context, parent, name, kind, start_time, end_time, attributes, dropped_attributes,
-            events, dropped_events, links, dropped_links, status,
-        ) = _parts(span)  # fmt: skip
+        return self.write(*_parts(span))
+
+    def write(
+        self,
+        context: Any,
+        parent: Any,
+        name: str,
+        kind: SpanKind,
+        start_time: int | None,
+        end_time: int | None,
+        attributes: Mapping[str, Any] | None,
+        dropped_attributes: int,
+        events: Sequence[Event | tuple[str, int]],
+        dropped_events: int,
+        links: Sequence[Link],
+        dropped_links: int,
+        status: Status,
+    ) -> bytes:
+        """One `Span` field (ScopeSpans.spans) from a span's parts; an event is an SDK
+        `Event` or, without attributes, a (name, time) pair."""
         assert context is not None
         parts = [
             b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
@@ -252,7 +268,11 @@ class _Encoder:
         if dropped_attributes:
             parts.append(b"\x50" + _varint(dropped_attributes))
         for event in events:
-            event_name, timestamp, attributes, dropped = _event_parts(event)
+            if type(event) is tuple:  # a name and a time: direct spans' own events
+                head, name_field = self._event(event[0])
+                parts.append(head + _fixed64(event[1]) + name_field)
+                continue
+            event_name, timestamp, attributes, dropped = _event_parts(event)  # type: ignore[arg-type]
             if not attributes and not dropped:  # a name and a time, as sidestream's events
                 head, name_field = self._event(event_name)
                 parts.append(head + _fixed64(timestamp) + name_field)
@@ -286,7 +306,7 @@ class _Encoder:
         parts.append(b"\x85\x01" + _fixed32(_flags(parent)))
         return _field(b"\x12", b"".join(parts))
 
-    def request(self, spans: Sequence[ReadableSpan]) -> bytes:
+    def request(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> bytes:
         """An ExportTraceServiceRequest: spans grouped by resource, then by scope."""
         grouped: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
         last: tuple[Any, Any] = (_NOTHING, _NOTHING)
@@ -298,7 +318,7 @@ class _Encoder:
             if resource is not last[0] or scope is not last[1]:
                 encoded = grouped.setdefault(resource, {}).setdefault(scope, [])
                 last = (resource, scope)
-            encoded.append(self.span(span))
+            encoded.append(span.data if isinstance(span, EncodedSpan) else self.span(span))
         out = []
         for resource, scopes in grouped.items():
             body = [self.resource(resource)]
@@ -368,6 +388,24 @@ _SDK_SPANS = frozenset({ReadableSpan, sdk_trace.Span, getattr(sdk_trace, "_Span"
 _PLAIN = frozenset({list, tuple})
 
 
+class EncodedSpan:
+    """A finished span already written as its OTLP `Span` field (`data`), which the
+    exporter here joins as it is: what `telemetry_direct.DirectSpans` hands a
+    BatchSpanProcessor in front of this module's exporter instead of a `ReadableSpan` (the
+    processor reads `context` only, to skip unsampled spans; the exporter groups by
+    `resource` and `instrumentation_scope`)."""
+
+    __slots__ = ("context", "data", "instrumentation_scope", "resource")
+
+    def __init__(
+        self, context: Any, data: bytes, resource: Resource, scope: InstrumentationScope
+    ) -> None:
+        self.context = context
+        self.data = data
+        self.resource = resource
+        self.instrumentation_scope = scope
+
+
 def _flags(parent: Any) -> int:
     if parent is not None and parent.is_remote:
         return _HAS_IS_REMOTE | _IS_REMOTE
@@ -388,13 +426,16 @@ class OTLPSpanExporter(SDKSpanExporter):
         client = getattr(self, "_client", None)
         self.fast = callable(getattr(client, "export", None))
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self.fast or getattr(self, "_shutdown", False):
-            return super().export(spans)
+    def export(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> SpanExportResult:
+        if not self.fast or getattr(self, "_shutdown", False):  # (no EncodedSpan when not fast)
+            return super().export(spans)  # type: ignore[arg-type]
         try:
             data = self._encoder.request(spans)
         except Exception:  # never lose a batch to the encoder: the SDK's own path
             logger.exception("OTLP: fast span encoding failed; using the SDK's encoder")
-            return super().export(spans)
+            plain = [span for span in spans if not isinstance(span, EncodedSpan)]
+            if len(plain) < len(spans):
+                logger.error("OTLP: %d spans lost with the batch", len(spans) - len(plain))
+            return super().export(plain)
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE

@@ -33,6 +33,8 @@ from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
     SpanKind,
+    Status,
+    StatusCode,
     TraceFlags,
     TraceState,
     get_current_span,
@@ -275,3 +277,89 @@ def test_a_direct_span_is_sampled_as_the_sdk_samples(
     assert (ours.attributes is not None) == sdk.is_recording()
     if sdk.is_recording():
         assert ours.attributes == dict(sdk.attributes or {})
+
+
+class Recording:
+    """An OTLP exporter's HTTP client that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def export(self, data: bytes) -> Any:
+        self.sent.append(data)
+        return type("Result", (), {"success": True})()
+
+    def shutdown(self) -> None:
+        pass
+
+
+class OneSpanId(FixedIds):
+    """The same trace and span ids every time."""
+
+    def generate_span_id(self) -> int:
+        return 0x5678
+
+
+def spy(exporter: Any, into: list[Any]) -> None:
+    """Keep what `exporter.export` is given in `into`."""
+    export = exporter.export
+
+    def spied(spans: Sequence[Any]) -> Any:
+        into.extend(spans)
+        return export(spans)
+
+    exporter.export = spied
+
+
+@pytest.mark.parametrize("case", ["plain", "events", "exception", "remote_parent"], ids=str)
+def test_a_span_written_at_its_end_is_the_readable_span_encoded(case: str) -> None:
+    """In front of sidestream's OTLP exporter a direct span is written in OTLP at its end
+    (`EncodedSpan`), not handed over as a ReadableSpan: the exported request is byte for byte
+    what the ReadableSpan path sends, with and without events, an exception event and a
+    remote parent, and the official classes parse it."""
+    from middleware.telemetry_direct import exception_event
+    from middleware.telemetry_otlp import EncodedSpan, OTLPSpanExporter
+
+    resource = Resource.create({"service.name": "parity"})
+    context = None
+    if case == "remote_parent":
+        parent = SpanContext(0xABC, 0x99, True, TraceFlags(1), TraceState([("v", "1")]))
+        context = set_span_in_context(NonRecordingSpan(parent))
+    sent: list[bytes] = []
+    handed: list[Any] = []
+    for encoded in (True, False):
+        handed_to_exporter: list[Any] = []
+        provider = TracerProvider(resource=resource, id_generator=OneSpanId(0x1234))
+        exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+        recording = exporter._client = Recording()  # type: ignore[assignment]
+        spy(exporter, handed_to_exporter)
+        if not encoded:
+            exporter_in_memory = InMemorySpanExporter()
+            direct = DirectSpans(provider, SimpleSpanProcessor(exporter_in_memory), SpanKind.CLIENT)
+            assert direct.encoder is None
+        else:
+            direct = DirectSpans(provider, SimpleSpanProcessor(exporter), SpanKind.CLIENT)
+            assert direct.encoder is not None
+        span = direct.start("chat", context, {"http.request.method": "POST", "n": 1}, 1_000)
+        events = [] if case == "plain" else [("gen_ai.first_chunk", 1_500), ("done", 1_900)]
+        error = None
+        if case == "exception":
+            try:
+                raise TimeoutError("idle")
+            except TimeoutError as exc:
+                error = exception_event(exc, 1_950, escaped=False)
+        attributes = {"gen_ai.request.model": "m", "ttft": 0.5, "reasons": ("stop",), "s": True}
+        status = Status(StatusCode.ERROR, "idle_timeout") if error else Status(StatusCode.UNSET)
+        direct.end(span, "chat m", attributes, events, error, status, 2_000)
+        if not encoded:
+            (readable,) = exporter_in_memory.get_finished_spans()
+            exporter.export([readable])
+        (data,) = recording.sent
+        sent.append(data)
+        handed.append(type(handed_to_exporter[-1]) if handed_to_exporter else None)
+    assert handed[0] is EncodedSpan
+    assert sent[0] == sent[1]
+    request = ExportTraceServiceRequest.FromString(sent[0])
+    (message,) = request.resource_spans[0].scope_spans[0].spans
+    assert message.name == "chat m"
+    assert len(message.events) == {"plain": 0, "exception": 3}.get(case, 2)
