@@ -345,10 +345,11 @@ class Cycle:
             self.inflater = Inflater(encoding)
         if self.sse:
             self.scanner = SSEScanner()
-            self.dialect = select(self.scope.get("path", ""))
-            if self.record is not None:
+            record = self.record
+            self.dialect = select(self.scope.get("path", "")) if record is None else record.genai
+            if record is not None:
                 self.stats = StreamStats()  # observe every event, not only up to the first token
-                self.times = self.record.gaps.times
+                self.times = record.gaps.times
         if not self.body_done and self.watcher is None:
             # The app streams before it has read the request body (a GET handler that never
             # calls receive): the watcher reads it for the app and hands it over.

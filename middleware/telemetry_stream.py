@@ -34,27 +34,21 @@ if TYPE_CHECKING:
     from middleware.telemetry import Telemetry
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes, limit: int = 256) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return value[:limit].decode("latin-1")
-    return None
-
-
 class StreamRecord:
     """Telemetry state of one request; see the module docstring."""
 
     __slots__ = (
         "_body",
         "_body_done",
+        "_request_id",
         "_truncated",
+        "agent",
         "direct",
         "gaps",
         "genai",
         "method",
         "path",
         "request",
-        "request_id",
         "server",
         "span",
         "t0",
@@ -73,10 +67,23 @@ class StreamRecord:
         self.method: str = scope.get("method", "GET")
         self.path: str = scope.get("path", "")
         self.genai: Dialect | None = select(self.path)
-        # Unique, not secret: random bits, not uuid4 (a getrandom() system call per request).
-        self.request_id = (
-            _header(headers, b"x-request-id", 128) or f"{random.getrandbits(128):032x}"
-        )
+        # The headers read here, in one pass: the client's request id and user agent (the
+        # first of each) and the propagator's trace context fields.
+        fields = telemetry.propagation_fields
+        request_id = agent = None
+        carrier: dict[str, str] = {}
+        for key, value in headers:
+            if key == b"user-agent":
+                if agent is None:
+                    agent = value[:256].decode("latin-1")
+            elif key == b"x-request-id":
+                if request_id is None:
+                    request_id = value[:128].decode("latin-1")
+            elif key in fields:  # repeated: one comma-separated value, as HTTP joins them
+                name, text = key.decode("latin-1"), value.decode("latin-1")
+                carrier[name] = f"{carrier[name]},{text}" if name in carrier else text
+        self.agent = agent
+        self._request_id = request_id  # the log line's, made there when the client sent none
         self.request: dict[str, Any] = {}
         self._body = bytearray()
         self._body_done = False
@@ -89,11 +96,9 @@ class StreamRecord:
         self.direct: DirectSpan | None = None  # the span to end, with direct spans
         tracer, direct = telemetry.tracer, telemetry.direct
         if tracer is not None or direct is not None:
-            fields = telemetry.propagation_fields
-            carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in fields}
             parent = telemetry.propagator.extract(carrier) if carrier else None
             name = self.genai.operation if self.genai is not None else self.method
-            attributes = self._http_attributes(scope, headers)
+            attributes = self._http_attributes(scope)
             if direct is not None:
                 self.direct = direct.start(name, parent, attributes, self.t0_ns)
                 self.span = self.direct.current
@@ -108,9 +113,7 @@ class StreamRecord:
         if self.genai is not None:
             cycle.client_receive = self._tap(cycle.client_receive)
 
-    def _http_attributes(
-        self, scope: Scope, headers: list[tuple[bytes, bytes]]
-    ) -> dict[str, str | int]:
+    def _http_attributes(self, scope: Scope) -> dict[str, str | int]:
         attrs: dict[str, str | int] = {
             semconv.HTTP_REQUEST_METHOD: self.method,
             semconv.URL_PATH: self.path,  # never the query: it may carry keys
@@ -119,9 +122,8 @@ class StreamRecord:
         client = scope.get("client")
         if client:
             attrs[semconv.CLIENT_ADDRESS] = client[0]
-        agent = _header(headers, b"user-agent")
-        if agent is not None:
-            attrs[semconv.USER_AGENT_ORIGINAL] = agent
+        if self.agent is not None:
+            attrs[semconv.USER_AGENT_ORIGINAL] = self.agent
         attrs.update(self.server)
         if self.genai is not None:
             attrs[semconv.GEN_AI_OPERATION_NAME] = self.genai.operation
@@ -173,6 +175,14 @@ class StreamRecord:
                     self.text_len += len(piece)
 
     # -- the end ------------------------------------------------------------------------------
+
+    @property
+    def request_id(self) -> str:
+        """The client's `x-request-id`, else one made now (and kept): unique, not secret, so
+        random bits, not uuid4 (a getrandom() system call per request)."""
+        if self._request_id is None:
+            self._request_id = f"{random.getrandbits(128):032x}"
+        return self._request_id
 
     def ns(self, at: float) -> int:
         """A reading of the cycle's (monotonic) clock as wall-clock nanoseconds."""

@@ -147,6 +147,17 @@ async def test_a_direct_span_is_the_sdk_span(case: str) -> None:
         assert found[True].events[-1].name == semconv.EVENT_EXCEPTION
 
 
+async def test_repeated_trace_context_headers_are_read_as_one_list() -> None:
+    """Two `tracestate` headers are one list (HTTP's rule for a repeated header, which W3C
+    Trace Context follows): the span continues the client's trace with both entries."""
+    made, exporter = telemetry(True)
+    headers = [("traceparent", TRACEPARENT), ("tracestate", "a=1"), ("tracestate", "b=2")]
+    await run(made, scripted(STREAM), headers)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
+    assert dict(span.context.trace_state) == {"a": "1", "b": "2"}
+
+
 async def test_exporters_take_direct_spans_as_they_take_sdk_spans() -> None:
     """A direct span is a `ReadableSpan`: the SDK's OTLP encoder takes it, and sidestream's
     encoder writes the same bytes the SDK's does."""
