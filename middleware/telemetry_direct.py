@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.context import Context
+from opentelemetry.context import Context, get_current
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
@@ -111,7 +111,12 @@ class DirectSpans:
         """What `Tracer.start_span` decides: trace id (the parent's, else new), sampling,
         flags, a new span id; a span the sampler drops keeps its context (it is still
         propagated) and records nothing."""
-        parent_context: SpanContext | None = trace.get_current_span(parent).get_span_context()
+        # The parent: in `parent`, else in the current context (none at all in the sidecar:
+        # an empty Context, read without the span lookup).
+        around = parent if parent is not None else get_current()
+        parent_context: SpanContext | None = None
+        if around:
+            parent_context = trace.get_current_span(around).get_span_context()
         if parent_context is None or not parent_context.is_valid:
             parent_context = None
             trace_id = self.ids.generate_trace_id()

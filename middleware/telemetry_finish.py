@@ -117,7 +117,7 @@ def finish(record: StreamRecord, cycle: Cycle, failure: BaseException | None) ->
         outcome = Outcome.UPSTREAM_ERROR
     status = cycle.status or (500 if failure is not None else 0)
     error_type: str | None = None
-    outcome_value = outcome.value  # an Enum property (a Python call): read once
+    outcome_value: str = outcome._value_  # `.value` is an Enum property (a Python call)
     if outcome_value in _FAILURE_VALUES:
         error_type = outcome_value
     elif failure is not None:

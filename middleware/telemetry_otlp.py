@@ -33,6 +33,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from middleware import semconv
+
 logger = logging.getLogger("sidestream")
 
 _KIND = {  # opentelemetry.proto.trace.v1.Span.SpanKind
@@ -44,6 +46,9 @@ _KIND = {  # opentelemetry.proto.trace.v1.Span.SpanKind
 }
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # Span.flags (SpanFlags)
 _CACHE_LIMIT = 4096  # encoded string attributes kept (cleared when full)
+# Attributes whose value is new with every span: encoded, never kept (they would only fill
+# the cache and have it cleared, the repeating ones with them, every few thousand spans).
+_UNIQUE = frozenset({semconv.GEN_AI_RESPONSE_ID})
 # One tag's caches: whole KeyValues of strings, flags and tuples of strings by (key, value),
 # heads of doubles by key, heads of ints by (key, size).
 _Tagged = tuple[dict[tuple[str, Any], bytes], dict[str, bytes], dict[tuple[str, int], bytes]]
@@ -152,7 +157,7 @@ class _Encoder:
                     parts.append(doubles[key] + _double(value))
                     continue
                 if kind is int and 0 <= value < 1 << 63:
-                    payload = _varint(value)
+                    payload = _BYTE[value] if value < 0x80 else _varint(value)
                     parts.append(ints[key, len(payload)] + payload)
                     continue
                 if kind is bool or kind is tuple:  # a flag, or strings (finish reasons)
@@ -175,7 +180,7 @@ class _Encoder:
         strings, doubles, ints = tagged
         if isinstance(value, str | bool | tuple):
             encoded = _field(tag, _key_value(key, value))
-            if type(value) is tuple and not all(type(v) is str for v in value):
+            if key in _UNIQUE or (type(value) is tuple and not all(type(v) is str for v in value)):
                 return encoded
             return _keep(strings, (key, value), encoded)
         if isinstance(value, float):
