@@ -471,6 +471,19 @@ def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
     assert encoder.request(spans) == first == encode_spans(spans)
 
 
+def test_response_ids_are_written_but_not_kept() -> None:
+    """A response id is new with every span: the encoder writes it as the SDK does but does
+    not keep it, so spans by the thousand leave its string cache as small as one span."""
+    from middleware.telemetry_otlp import _Encoder
+
+    encoder = _Encoder()
+    for n in range(50):
+        spans = sdk_spans([{"a": "x"}, {semconv.GEN_AI_RESPONSE_ID: f"chatcmpl-{n}"}], False)
+        ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
+        assert ours == sdk_encode(spans)
+    assert not any(key == semconv.GEN_AI_RESPONSE_ID for key, _ in encoder._tagged[b"\x4a"][0])
+
+
 def test_one_key_holding_a_float_then_an_int_of_the_same_size_is_written_as_each() -> None:
     """The encoder caches what precedes a number's bytes per key and size; a double and an
     int of 8 varint bytes are both 9-byte values, so the cache tells them apart by type:
