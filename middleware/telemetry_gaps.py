@@ -112,7 +112,7 @@ class Gaps:
         self.first, self.last = times[0], times[-1]
         del times[:]
         self.count = len(gaps)
-        self.total = sum(gaps)
+        self.total = self.last - self.first  # the gaps' sum, as consecutive differences add up
         self.max = gaps[-1]
         self.exact = gaps
 
