@@ -44,12 +44,14 @@ HOTSPOTS = {  # label: (module, class, function)
     "DirectSpans.start": ("middleware.telemetry_direct", "DirectSpans", "start"),
     "finish": ("middleware.telemetry_stream", "", "finish"),
     "Gaps.fold": ("middleware.telemetry_gaps", "Gaps", "fold"),
+    "Gaps.seal": ("middleware.telemetry_gaps", "Gaps", "seal"),
     "Gaps.quantile": ("middleware.telemetry_gaps", "Gaps", "quantile"),
     "ChunkHistogram.fold": ("middleware.telemetry_gaps", "ChunkHistogram", "fold"),
     "LocalHistogram.merge": ("middleware.telemetry_metrics", "LocalHistogram", "merge"),
     "LocalCounter.add": ("middleware.telemetry_metrics", "LocalCounter", "add"),
     "json.dumps": ("json", "", "dumps"),
     "DirectSpans.end": ("middleware.telemetry_direct", "DirectSpans", "end"),
+    "_Encoder.write (a span's OTLP)": ("middleware.telemetry_otlp", "_Encoder", "write"),
     "access log (Logger.handle)": ("logging", "Logger", "handle"),
 }
 GC = ("gc gen0", "gc gen1", "gc gen2")  # the collector's passes during the load (gc.callbacks)

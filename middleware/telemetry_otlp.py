@@ -13,12 +13,16 @@ makes, field for field, for every attribute type.
 retries stay its own) with this encoder in front of its HTTP client. That client is not
 public API: when an SDK version lays the exporter out differently, the exporter falls back
 to the SDK's own `export` (correct, only slower), and the test pins the fast path to the
-installed version.
+installed version. Where nothing but the endpoint matters (plain HTTP, no proxy, netrc file
+or credential provider: `plain_http_transport`) it sends through the SDK's urllib3
+transport instead of its default, `requests`: the same request for under half the CPU.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -423,9 +427,14 @@ def encode_spans(spans: Sequence[ReadableSpan], encoder: _Encoder | None = None)
 
 
 class OTLPSpanExporter(SDKSpanExporter):
-    """The SDK's OTLP/HTTP span exporter, encoding with `encode_spans` (see the module doc)."""
+    """The SDK's OTLP/HTTP span exporter, encoding with `encode_spans` (see the module doc),
+    over the SDK's urllib3 transport where `plain_http_transport` allows it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not args and not ({"_transport", "session"} & kwargs.keys()):
+            transport = plain_http_transport(kwargs.get("endpoint"))
+            if transport is not None:
+                kwargs["_transport"] = transport
         super().__init__(*args, **kwargs)
         self._encoder = _Encoder()
         client = getattr(self, "_client", None)
@@ -444,3 +453,55 @@ class OTLPSpanExporter(SDKSpanExporter):
             return super().export(plain)
         result = self._client.export(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+
+
+# What `requests` reads from the environment for a plain-HTTP URL, and the SDK's credential
+# provider variables (a provider brings its own `requests.Session`).
+_PROXIES = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+_CREDENTIALS = (
+    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER",
+)
+
+
+def plain_http_transport(
+    endpoint: str | None, environ: Mapping[str, str] | None = None
+) -> Any | None:
+    """The SDK's urllib3 transport for a span endpoint where it sends what its default
+    (`requests`) would, else None (keep the default).
+
+    An export through `requests` costs ~600 µs of CPU (~3.9 M instructions), through urllib3
+    ~250 µs: `requests` reads the environment and the netrc file, merges settings and hooks
+    on every request. What it reads only matters for some endpoints, so urllib3 is used when
+    none of it applies: the endpoint (as given, else from the OTEL_* variables) is plain
+    `http://` (no CA or client certificate), no proxy variable is set, no netrc file exists,
+    and no credential provider is configured. None too when the installed SDK has no
+    urllib3 transport (a private module of `opentelemetry-exporter-http-transport`) or its
+    exporter does not take one."""
+    env = os.environ if environ is None else environ
+    url = (
+        endpoint
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "http://localhost:4318/"
+    )
+    if (
+        not url.lower().startswith("http://")
+        or any(env.get(name) for name in _PROXIES + _CREDENTIALS)
+        or _netrc(env)
+        or "_transport" not in inspect.signature(SDKSpanExporter.__init__).parameters
+    ):
+        return None
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    except ImportError:
+        return None
+    return Urllib3HTTPTransport()
+
+
+def _netrc(env: Mapping[str, str]) -> bool:
+    """Would `requests` find a netrc file (and so maybe credentials) for a request?"""
+    if env.get("NETRC"):
+        return True
+    home = env.get("HOME") or os.path.expanduser("~")
+    return any(os.path.exists(os.path.join(home, name)) for name in (".netrc", "_netrc"))

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
 import pytest
+import requests
 from hypothesis import given, settings
 from opentelemetry import baggage as otel_baggage
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
+from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 from opentelemetry.propagators.textmap import TextMapPropagator, default_setter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -29,7 +32,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (
     Link,
@@ -47,7 +50,7 @@ from opentelemetry.trace.span import TraceState
 from middleware import semconv
 from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry
-from middleware.telemetry_otlp import OTLPSpanExporter, encode_spans
+from middleware.telemetry_otlp import OTLPSpanExporter, encode_spans, plain_http_transport
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp, inject_trace_context
@@ -134,16 +137,84 @@ def body(tokens: int, ttft_ms: int, itl_ms: int) -> bytes:
     ).encode()
 
 
+@pytest.fixture
+def plain_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An environment where nothing but the endpoint decides how spans are sent: no proxy,
+    no credential provider, no netrc file (a home of its own)."""
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER", raising=False)
+    monkeypatch.delenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+def test_plain_http_endpoints_are_sent_through_urllib3_and_others_as_the_sdk_sends(
+    plain_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's urllib3 transport is taken only where `requests` (the SDK's default) would
+    send the same: a plain-HTTP endpoint, given or from OTEL_EXPORTER_OTLP_*ENDPOINT, with
+    no proxy, credential provider or netrc file. TLS endpoints, proxies, credential
+    providers, a netrc file and a session of the caller's keep the default."""
+    http = "http://127.0.0.1:4318/v1/traces"
+    assert type(plain_http_transport(http)) is Urllib3HTTPTransport
+    assert type(plain_http_transport(None)) is Urllib3HTTPTransport  # the SDK's default endpoint
+    assert plain_http_transport("https://collector:4318/v1/traces") is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")
+    assert plain_http_transport(None) is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:4318/v1/traces")
+    assert type(plain_http_transport(None)) is Urllib3HTTPTransport
+    for name, setting in [
+        ("HTTP_PROXY", "http://proxy:3128"),
+        ("all_proxy", "http://proxy:3128"),
+        ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER", "vault"),
+        ("NETRC", str(tmp_path / "netrc")),
+    ]:
+        assert plain_http_transport(http, {name: setting}) is None, name
+    (tmp_path / ".netrc").write_text("machine collector login a password b\n")
+    assert plain_http_transport(http) is None
+    exporter = OTLPSpanExporter(endpoint=http)
+    assert type(exporter._client._transport) is not Urllib3HTTPTransport
+    (tmp_path / ".netrc").unlink()
+    assert type(OTLPSpanExporter(endpoint=http)._client._transport) is Urllib3HTTPTransport
+    own = OTLPSpanExporter(endpoint=http, session=requests.Session())
+    assert type(own._client._transport) is not Urllib3HTTPTransport
+
+
+@pytest.mark.parametrize("transport", ["urllib3", "requests"])
+async def test_either_transport_delivers_a_batch(
+    transport: str, plain_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through urllib3 (a plain-HTTP endpoint) or the SDK's requests (here because a netrc
+    file is named), a batch of spans reaches a real receiver whole."""
+    if transport == "requests":
+        (tmp_path / "netrc").write_text("")
+        monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    receiver = Receiver()
+    spans = sdk_spans([{"a": "x"}, {"b": 1}], remote_parent=False)
+    async with serve(receiver) as otlp_port:
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces")
+        used = type(exporter._client._transport)
+        assert (used is Urllib3HTTPTransport) == (transport == "urllib3")
+        result = await asyncio.to_thread(exporter.export, spans)
+        exporter.shutdown()
+    assert result == SpanExportResult.SUCCESS
+    assert sorted(s.name for s in receiver.spans) == sorted(s.name for s in spans)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "sdk"])
-async def test_spans_arrive_over_otlp_http_with_their_attributes(direct: bool) -> None:
+async def test_spans_arrive_over_otlp_http_with_their_attributes(
+    direct: bool, plain_env: None
+) -> None:
     """A completed, a cancelled and a timed-out stream reach a real OTLP/HTTP receiver as
     protobuf, one span each, with kind CLIENT, the outcome, GenAI usage and error status.
-    The exporter is sidestream's (the SDK's, with the fast encoder), on its fast path; the
-    spans are direct ones (as the sidecar makes them) or the SDK's."""
+    The exporter is sidestream's (the SDK's, with the fast encoder), on its fast path and
+    the urllib3 transport; the spans are direct ones (as the sidecar makes them) or the
+    SDK's."""
     receiver = Receiver()
     async with serve(receiver) as otlp_port:
         exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{otlp_port}/v1/traces")
         assert exporter.fast, "the installed SDK's exporter layout changed: fast path lost"
+        assert type(exporter._client._transport) is Urllib3HTTPTransport
         telemetry = spans_to(BatchSpanProcessor(exporter), direct)
         provider = telemetry.tracer_provider
         assert provider is not None
