@@ -180,7 +180,7 @@ class StreamRecord:
     def request_id(self) -> str:
         """The client's `x-request-id`, else one made now (and kept): unique, not secret, so
         random bits, not uuid4 (a getrandom() system call per request)."""
-        if self._request_id is None:
+        if not self._request_id:  # none, or an empty header
             self._request_id = f"{random.getrandbits(128):032x}"
         return self._request_id
 

@@ -284,6 +284,43 @@ async def test_access_log_line_holds_any_text_as_json_would(
     assert line["time"].endswith("Z") and len(line["time"]) == len("2026-12-02T01:22:16.123Z")
 
 
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ([(b"x-request-id", b"r1"), (b"x-request-id", b"r2")], "r1"),
+        ([(b"x-request-id", b"x" * 500)], "x" * 128),
+        ([(b"x-request-id", b"")], None),
+        ([], None),
+    ],
+    ids=["first", "capped", "empty", "absent"],
+)
+async def test_the_log_lines_request_id_is_the_clients_else_one_made(
+    headers: list[tuple[bytes, bytes]], expected: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request id is the client's first `x-request-id` (its first 128 characters); with
+    none, or an empty one, the line gets 32 random hex digits of its own."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    await StreamGuard(app, telemetry=Telemetry())({**SCOPE, "headers": headers}, receive, send)
+    (record,) = [r for r in caplog.records if r.name == semconv.ACCESS_LOGGER]
+    request_id = json.loads(record.getMessage())["request_id"]
+    if expected is None:
+        assert len(request_id) == 32 and int(request_id, 16) >= 0
+    else:
+        assert request_id == expected
+
+
 class Collecting(MetricExporter):
     def __init__(self) -> None:
         super().__init__()
