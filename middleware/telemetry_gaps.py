@@ -82,9 +82,7 @@ class Gaps:
         times = self.times
         if not times:
             return
-        if self.exact is not None:  # a time after `seal`: the sorted gaps go to buckets too
-            self._bucket(self.exact)
-            self.exact = None
+        self._unseal()  # a time after `seal`: the sorted gaps go to the buckets too
         last = self.last
         if last is None:
             self.first = times[0]
@@ -116,6 +114,13 @@ class Gaps:
         self.max = gaps[-1]
         self.exact = gaps
 
+    def _unseal(self) -> None:
+        """Move the gaps `seal` kept sorted into the buckets (the readers of buckets need
+        every gap there)."""
+        if self.exact is not None:
+            self._bucket(self.exact)
+            self.exact = None
+
     def _bucket(self, gaps: list[float]) -> None:
         """Count sorted `gaps` into the buckets. Sorted, the gaps of one bucket are a run:
         one step per non-empty bucket (a stream's gaps fill a few), each a bisect for the
@@ -133,9 +138,7 @@ class Gaps:
 
     def buckets(self) -> dict[int, int]:
         """The non-empty buckets: index -> count (the readers share it: do not change it)."""
-        if self.exact is not None:
-            self._bucket(self.exact)
-            self.exact = None
+        self._unseal()
         self.fold()
         return self.counts
 
