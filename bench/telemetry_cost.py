@@ -90,7 +90,7 @@ def telemetry(setup: str) -> Any:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     from middleware.telemetry import Telemetry, configure_access_log
-    from middleware.telemetry_otlp import encode_spans
+    from middleware.telemetry.otlp import encode_spans
 
     class Dropping(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -106,7 +106,7 @@ def telemetry(setup: str) -> Any:
         return Telemetry(metric_readers=readers)
     exporter: SpanExporter = Dropping()
     if setup == "encode":  # the sidecar's exporter, its HTTP client one that sends nothing
-        from middleware.telemetry_otlp import OTLPSpanExporter
+        from middleware.telemetry.otlp import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
         exporter._client = Unsent()  # type: ignore[attr-defined]

@@ -37,7 +37,7 @@ from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNow
 if TYPE_CHECKING:
     from middleware.dialects import Frame
     from middleware.guard import StreamGuard
-    from middleware.telemetry_stream import StreamRecord
+    from middleware.telemetry.record import StreamRecord
 
 logger = logging.getLogger("sidestream")
 

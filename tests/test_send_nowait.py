@@ -423,7 +423,7 @@ async def test_with_telemetry_paced_tokens_are_counted_by_the_learned_frame(
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from middleware.telemetry import Telemetry
-    from middleware.telemetry_stream import StreamRecord
+    from middleware.telemetry.record import StreamRecord
 
     slow: list[int] = []
     observe = Cycle._observe

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from middleware import semconv
+from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry
 from sidecar.emulator import Stats, make_app

@@ -1,4 +1,4 @@
-"""Direct spans (`middleware.telemetry_direct`) against SDK spans: the same streams give the
+"""Direct spans (`middleware.telemetry.direct`) against SDK spans: the same streams give the
 same span — name, kind, parent, flags, attributes, events, status, resource, scope — and the
 SDK's own exporters take them; sampling and span limits are the SDK's.
 
@@ -41,11 +41,11 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from middleware import semconv
+from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry
-from middleware.telemetry_direct import DirectSpans
-from middleware.telemetry_otlp import encode_spans
+from middleware.telemetry.direct import DirectSpans
+from middleware.telemetry.otlp import encode_spans
 from tests import clients
 from tests.apps import DONE, ROLE, chunk, scripted
 from tests.servers import serve
@@ -328,8 +328,8 @@ def test_a_span_written_at_its_end_is_the_readable_span_encoded(case: str) -> No
     (`EncodedSpan`), not handed over as a ReadableSpan: the exported request is byte for byte
     what the ReadableSpan path sends, with and without events, an exception event and a
     remote parent, and the official classes parse it."""
-    from middleware.telemetry_direct import exception_event
-    from middleware.telemetry_otlp import EncodedSpan, OTLPSpanExporter
+    from middleware.telemetry.direct import exception_event
+    from middleware.telemetry.otlp import EncodedSpan, OTLPSpanExporter
 
     resource = Resource.create({"service.name": "parity"})
     context = None

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from middleware import semconv
+from middleware.telemetry import semconv
 from middleware.dialects import StreamStats, select
 from middleware.guard import StreamGuard
 from middleware.sse import SSEScanner

@@ -1,4 +1,4 @@
-"""The access log's handler (`middleware.telemetry_log`): lines gathered, none lost, order kept."""
+"""The access log's handler (`middleware.telemetry.access_log`): lines gathered, none lost, order kept."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from middleware import semconv
+from middleware.telemetry import semconv
 from middleware.telemetry import Telemetry, configure_access_log
-from middleware.telemetry_log import AccessLogHandler, sole
+from middleware.telemetry.access_log import AccessLogHandler, sole
 from tests.test_telemetry_metrics import STREAM, run_streams
 
 

@@ -25,12 +25,12 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.trace import SpanKind
 
-from middleware import semconv
+from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, prometheus_text
-from middleware.telemetry_metrics import LocalCounter, LocalHistogram, series
-from middleware.telemetry_prometheus import metric_name
+from middleware.telemetry.metrics import LocalCounter, LocalHistogram, series
+from middleware.telemetry.prometheus import metric_name
 from tests import clients
 from tests.apps import DONE, ROLE, SCOPE, SSE_HEADERS, Probe, chunk, scripted
 from tests.servers import serve

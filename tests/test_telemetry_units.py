@@ -23,11 +23,11 @@ from opentelemetry.semconv.attributes import (
     user_agent_attributes,
 )
 
-from middleware import semconv
+from middleware.telemetry import semconv
 from middleware.sse import Event
-from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
-from middleware.telemetry_gaps import BOUNDS, ChunkHistogram, Gaps
-from middleware.telemetry_metrics import series
+from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
+from middleware.telemetry.gaps import BOUNDS, ChunkHistogram, Gaps
+from middleware.telemetry.metrics import series
 
 
 def ev(data: str, event: str = "message") -> Event:
@@ -310,7 +310,7 @@ def test_event_text_per_dialect(dialect: str, event: Event, text: str) -> None:
 
 
 def test_standard_names_match_the_semantic_conventions_package() -> None:
-    """Every GenAI/HTTP name in middleware.semconv is the one the conventions define."""
+    """Every GenAI/HTTP name in middleware.telemetry.semconv is the one the conventions define."""
     pairs = [
         (semconv.GEN_AI_OPERATION_NAME, gen_ai.GEN_AI_OPERATION_NAME),
         (semconv.GEN_AI_PROVIDER_NAME, gen_ai.GEN_AI_PROVIDER_NAME),

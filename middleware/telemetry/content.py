@@ -17,9 +17,9 @@ import json
 import re
 from typing import Any
 
-from middleware import semconv
 from middleware.dialects import json_object
 from middleware.sse import Event
+from middleware.telemetry import semconv
 
 BODY_CAP = 64 * 1024
 

@@ -23,9 +23,9 @@ import itertools
 import math
 from operator import sub
 
-from middleware import semconv
 from middleware.cycle import TIMES_KEPT
-from middleware.telemetry_metrics import Key, LocalHistogram
+from middleware.telemetry import semconv
+from middleware.telemetry.metrics import Key, LocalHistogram
 
 SUB = 8  # log buckets per octave
 # Upper bounds: bucket i holds (BOUNDS[i-1], BOUNDS[i]], as OTel's explicit buckets do; the

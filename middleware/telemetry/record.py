@@ -20,13 +20,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from middleware import semconv
 from middleware.dialects import Dialect, select
 from middleware.sse import Event
-from middleware.telemetry_content import BODY_CAP, event_text, request_attributes
-from middleware.telemetry_direct import DirectSpan
-from middleware.telemetry_finish import finish
-from middleware.telemetry_gaps import Gaps
+from middleware.telemetry import semconv
+from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
+from middleware.telemetry.direct import DirectSpan
+from middleware.telemetry.finish import finish
+from middleware.telemetry.gaps import Gaps
 from middleware.types import Message, Receive, Scope
 
 if TYPE_CHECKING:

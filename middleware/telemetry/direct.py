@@ -20,8 +20,8 @@ Deliberate differences from SDK spans (do not "fix" these):
   uses one `BatchSpanProcessor`; `Telemetry(tracer_provider=...)` keeps SDK spans for
   applications that need every processor hook.
 - A Batch or Simple span processor in front of this package's OTLP exporter
-  (`telemetry_otlp.OTLPSpanExporter`, what `Telemetry.from_env` builds) gets each span
-  already written in OTLP (`telemetry_otlp.EncodedSpan`), not a `ReadableSpan`: those
+  (`otlp.OTLPSpanExporter`, what `Telemetry.from_env` builds) gets each span
+  already written in OTLP (`otlp.EncodedSpan`), not a `ReadableSpan`: those
   processors read only its context and that exporter only its bytes, and the end of a
   stream then builds no ReadableSpan, no Event objects, and no second pass over them.
 - Span limits (`OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, `..._VALUE_LENGTH_LIMIT`) are applied with
@@ -49,10 +49,10 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, TraceFlags
 
-from middleware import semconv
+from middleware.telemetry import semconv
 
 if TYPE_CHECKING:
-    from middleware.telemetry_otlp import EncodedSpan, _Encoder
+    from middleware.telemetry.otlp import EncodedSpan, _Encoder
 
 # W3C Trace Context level 2's random flag, where the installed API knows it (as the SDK sets it).
 _RANDOM_TRACE_ID: int = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
@@ -91,15 +91,15 @@ class DirectSpans:
         self.scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE, "", "", {})  # get_tracer's
         self.limits = SpanLimits()  # from the OTEL_* variables, as the provider's
         # In front of this package's OTLP exporter, a span is written in OTLP at its end
-        # (`telemetry_otlp.EncodedSpan`): no ReadableSpan, no Event objects, no second read.
+        # (`otlp.EncodedSpan`): no ReadableSpan, no Event objects, no second read.
         # (Imported here: the OTLP exporter's module loads the HTTP client.)
         self.encoder: _Encoder | None = None
         exporter = getattr(processor, "span_exporter", None)
         if (
             type(processor) in (BatchSpanProcessor, SimpleSpanProcessor)  # they read `context` only
-            and type(exporter).__module__ == "middleware.telemetry_otlp"
+            and type(exporter).__module__ == "middleware.telemetry.otlp"
         ):
-            from middleware.telemetry_otlp import EncodedSpan, OTLPSpanExporter, _Encoder
+            from middleware.telemetry.otlp import EncodedSpan, OTLPSpanExporter, _Encoder
 
             if isinstance(exporter, OTLPSpanExporter) and exporter.fast:
                 self.encoder = _Encoder()

@@ -4,7 +4,7 @@ the lines of that time in one write.
 A `logging` record and a write + flush per stream cost as much as the rest of the line's
 work together (`bench.ablate --only log`: the whole access line was 0.04 of telemetry's
 1.17x in scenario a). So `configure_access_log` installs `AccessLogHandler`, and where it is
-the access logger's only way out (`sole`), `telemetry_finish` hands it the line directly,
+the access logger's only way out (`sole`), `finish` hands it the line directly,
 without a `LogRecord`; the handler gathers lines and writes them at once, `FLUSH_S` after
 the first — nginx's `access_log ... buffer= flush=`. Lines from anywhere else (a record
 logged the usual way) go through `emit` into the same buffer, so the order is kept.

@@ -3,7 +3,7 @@
 GenAI names follow the OpenTelemetry GenAI semantic conventions (v1.41, as shipped in
 `opentelemetry-semantic-conventions` 0.66); HTTP, URL, client and server names follow the
 stable HTTP conventions. sidestream's own names share the `sidestream.` prefix. A rename is a
-change to this module only; tests/test_telemetry_semconv.py checks the standard names against
+change to this module only; the telemetry tests check the standard names against
 the `opentelemetry-semantic-conventions` package.
 """
 
@@ -56,7 +56,7 @@ CANCEL_LATENCY: Final = "sidestream.cancel_latency"  # seconds, stop decided -> 
 EVENT_FIRST_CHUNK: Final = "sidestream.first_chunk"
 EVENT_UPSTREAM_DONE: Final = "sidestream.upstream_done"
 EVENT_CLIENT_DISCONNECT: Final = "sidestream.client_disconnect"
-# The exception event, as the SDK's Span.record_exception writes it (telemetry_direct).
+# The exception event, as the SDK's Span.record_exception writes it (direct).
 EVENT_EXCEPTION: Final = "exception"
 EXCEPTION_TYPE: Final = "exception.type"
 EXCEPTION_MESSAGE: Final = "exception.message"
@@ -74,7 +74,7 @@ METRIC_KEEPALIVES: Final = "sidestream.keepalives"
 METRIC_CANCELLATIONS: Final = "sidestream.cancellations"  # counter by sidestream.outcome
 
 # The conventions' ExplicitBucketBoundaries. The three time metrics share one list: 10 ms
-# doubling to 81.92 s (the inter-chunk histogram relies on that, see telemetry_gaps).
+# doubling to 81.92 s (the inter-chunk histogram relies on that, see gaps).
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip

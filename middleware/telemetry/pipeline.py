@@ -2,8 +2,8 @@
 
 `Telemetry` is built once per process (tracer, meter, instruments, logger) and handed to
 `StreamGuard(..., telemetry=...)`; `None` there means off and costs nothing per chunk. Per
-request the guard's cycle gets a `telemetry_stream.StreamRecord`. Names live in
-`middleware.semconv`.
+request the guard's cycle gets a `record.StreamRecord`. Names live in
+`middleware.telemetry.semconv`.
 
 Deliberate choices (do not "fix" these):
 
@@ -14,10 +14,10 @@ Deliberate choices (do not "fix" these):
   install without a collector. With no trace exporter no spans are made at all; metrics and
   the access log still work (Prometheus text is always there).
 - The per-stream instruments are not SDK instruments: they are aggregated here
-  (`telemetry_metrics`, and `telemetry_gaps` for `time_per_output_chunk`) and added to every
+  (`metrics`, and `gaps` for `time_per_output_chunk`) and added to every
   collection and export by `_WithLocal` and `metrics()`. Only the active-streams gauge, an
   observable read at collection, is the SDK's own.
-- `from_env` makes direct spans (`telemetry_direct`), not SDK `Span` objects: the same
+- `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same
   exported span for a third of the CPU; code inside the guard cannot add to it.
 - Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
   GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
@@ -54,14 +54,14 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Tracer
 
-from middleware import semconv
 from middleware.registry import StreamRegistry
-from middleware.telemetry_direct import DirectSpans
-from middleware.telemetry_gaps import ChunkHistogram
-from middleware.telemetry_log import AccessLogHandler
-from middleware.telemetry_metrics import LocalCounter, LocalHistogram
-from middleware.telemetry_prometheus import CONTENT_TYPE, exposition
-from middleware.telemetry_stream import StreamRecord
+from middleware.telemetry import semconv
+from middleware.telemetry.access_log import AccessLogHandler
+from middleware.telemetry.direct import DirectSpans
+from middleware.telemetry.gaps import ChunkHistogram
+from middleware.telemetry.metrics import LocalCounter, LocalHistogram
+from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
+from middleware.telemetry.record import StreamRecord
 
 if TYPE_CHECKING:
     from middleware.cycle import Cycle
@@ -81,7 +81,7 @@ logger = logging.getLogger("sidestream")
 class Telemetry:
     """Process-wide telemetry: providers, instruments, the access logger, the chunk histogram.
 
-    Spans: `span_processor` gets direct spans (`telemetry_direct`: written at the stream's
+    Spans: `span_processor` gets direct spans (`direct`: written at the stream's
     end, sampled and identified as `tracer_provider`'s configuration says — a provider from
     the OTEL_* variables when none is given — and handed to this processor only, not to the
     provider's others); `tracer_provider` alone makes SDK spans, for every processor it has;
@@ -195,7 +195,7 @@ class Telemetry:
         `options` go to the constructor (server_address, server_port, provider_name,
         capture_content, capture_limit). Exporters: OTLP/HTTP protobuf, batched direct spans,
         periodic metrics (the span exporter is the SDK's with a faster encoder,
-        `telemetry_otlp`); the SDK reads endpoint, headers, timeout, sampler and resource
+        `otlp`); the SDK reads endpoint, headers, timeout, sampler and resource
         variables itself.
         """
         env = os.environ if environ is None else environ
@@ -208,7 +208,7 @@ class Telemetry:
         resource = Resource.create(attributes)
         processor = None
         if _wanted(env, "TRACES"):
-            from middleware.telemetry_otlp import OTLPSpanExporter
+            from middleware.telemetry.otlp import OTLPSpanExporter
 
             processor = BatchSpanProcessor(OTLPSpanExporter())
         exporters: list[MetricExporter] = []
@@ -252,7 +252,7 @@ class Telemetry:
         return [*found, *self.local_metrics()]
 
     def local_metrics(self) -> list[Metric]:
-        """The metrics aggregated here (`telemetry_metrics`), as collected now."""
+        """The metrics aggregated here (`metrics`), as collected now."""
         now = time.time_ns()
         return [m for m in (local.metric(now) for local in self._local) if m is not None]
 
@@ -292,7 +292,7 @@ def prometheus_text(registry: StreamRegistry | None, telemetry: Telemetry | None
 
 def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
     """Send the access log (one JSON object per line, nothing around it) to `stream`, each
-    line within a quarter second (`telemetry_log.AccessLogHandler`)."""
+    line within a quarter second (`access_log.AccessLogHandler`)."""
     log = logging.getLogger(semconv.ACCESS_LOGGER)
     handler = AccessLogHandler(stream or sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))

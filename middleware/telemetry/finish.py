@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Status, StatusCode
 
-from middleware import semconv
 from middleware.errors import Outcome
-from middleware.telemetry_content import output_messages
-from middleware.telemetry_direct import exception_event
-from middleware.telemetry_log import sole
-from middleware.telemetry_metrics import Key, series
+from middleware.telemetry import semconv
+from middleware.telemetry.access_log import sole
+from middleware.telemetry.content import output_messages
+from middleware.telemetry.direct import exception_event
+from middleware.telemetry.metrics import Key, series
 
 if TYPE_CHECKING:
     from middleware.cycle import Cycle
-    from middleware.telemetry_stream import StreamRecord
+    from middleware.telemetry.record import StreamRecord
 
 FAILURES = frozenset(
     {

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from middleware import semconv
+from middleware.telemetry import semconv
 
 logger = logging.getLogger("sidestream")
 
@@ -399,7 +399,7 @@ _PLAIN = frozenset({list, tuple})
 
 class EncodedSpan:
     """A finished span already written as its OTLP `Span` field (`data`), which the
-    exporter here joins as it is: what `telemetry_direct.DirectSpans` hands a
+    exporter here joins as it is: what `direct.DirectSpans` hands a
     BatchSpanProcessor in front of this module's exporter instead of a `ReadableSpan` (the
     processor reads `context` only, to skip unsampled spans; the exporter groups by
     `resource` and `instrumentation_scope`)."""

@@ -1,0 +1,20 @@
+"""Telemetry for StreamGuard: one span per stream, GenAI metrics, Prometheus text, an access line.
+
+Off unless a `Telemetry` is handed to `StreamGuard(..., telemetry=...)`. The guard core never
+imports this package: a `Telemetry` supplies the cycle class the guard runs each request with
+(`observed.ObservedCycle`), and that subclass is the one seam between the two. The modules:
+`pipeline` (the process-wide `Telemetry`, `from_env`), `observed` (the telemetry-aware cycle),
+`record` (one request's state), `finish` (its end), `gaps`, `metrics`, `prometheus`,
+`access_log`, `content`, `semconv` (every attribute and metric name), `direct` and `otlp`
+(the span fast path).
+"""
+
+from middleware.telemetry.pipeline import (
+    CONTENT_TYPE,
+    SpanKind,
+    Telemetry,
+    configure_access_log,
+    prometheus_text,
+)
+
+__all__ = ["CONTENT_TYPE", "SpanKind", "Telemetry", "configure_access_log", "prometheus_text"]
