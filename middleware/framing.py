@@ -56,6 +56,25 @@ def media_type(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
     return kind, encoding
 
 
+def guarded(
+    headers: Iterable[tuple[bytes, bytes]],
+    status: int,
+    method: str | None,
+    content_types: frozenset[bytes],
+) -> tuple[bytes, bytes] | None:
+    """(media type, content-encoding) when the guard treats this response as a stream, else
+    None: its type is configured, any encoding is one it can decode, and it has a body."""
+    kind, encoding = media_type(headers)
+    if (
+        kind not in content_types
+        or (encoding and encoding not in DECODABLE)
+        or status in (204, 304)
+        or method == "HEAD"
+    ):
+        return None
+    return kind, encoding
+
+
 def stream_headers(
     headers: Iterable[tuple[bytes, bytes]], *, decode: bool
 ) -> list[tuple[bytes, bytes]]:

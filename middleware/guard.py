@@ -1,8 +1,9 @@
 """StreamGuard: pure-ASGI middleware that keeps token streams healthy on their way to the reader.
 
-`StreamGuard.__call__` only builds a per-request `_Cycle`; the middleware instance holds
-configuration and the process-wide `StreamRegistry`. The cycle runs the inner app in the
-server's own task and, for a streaming response, relays each chunk as the app sends it.
+`StreamGuard.__call__` admits a request (or refuses it: draining, too many in flight) and
+runs it as one `Cycle`; the middleware instance holds configuration and the process-wide
+`StreamRegistry` only. The cycle runs the inner app in the server's own task and, for a
+streaming response, relays each chunk as the app sends it.
 
 Deliberate choices — do not "fix" these:
 
@@ -10,12 +11,14 @@ Deliberate choices — do not "fix" these:
   (then uncancels it, as `asyncio.timeout` does) to stop the app on a disconnect or a timeout.
   No extra task per request, and leaving the app's upstream context closes the upstream.
 - One lazy timer per stream (`loop.call_at`) serves every deadline: a chunk only stores the
-  clock; the timer, when it fires, looks at the stored times and re-arms itself. No timer
+  clock; the timer, when it fires, asks `deadlines` what is due and re-arms itself. No timer
   object is created per chunk.
 - Keep-alives are written by a short task started by that timer, never concurrently with the
   app's own write (the app's `send` waits for it): one writer at a time.
 - The timer never interrupts an upstream read: cancelling an httpcore read closes its
   connection, so only a real expiry cancels.
+- Telemetry is chosen once, here: a `telemetry` object supplies the cycle class every request
+  runs with (its own subclass of `Cycle`). The guard core never imports telemetry.
 - It needs an asyncio loop (uvicorn, hypercorn's asyncio worker); trio is not supported.
 """
 
@@ -23,21 +26,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from middleware.cycle import Cycle
+from middleware.cycle import Cycle, Settings
+from middleware.deadlines import Timeouts
 from middleware.errors import ShuttingDown, StreamError, TooManyStreams
 from middleware.framing import error_response
 from middleware.registry import StreamRegistry
 from middleware.types import ASGIApp, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from middleware.telemetry import Telemetry
-
 logger = logging.getLogger("sidestream")
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
+
+
+class Observer(Protocol):
+    """What the guard asks of a telemetry object (`middleware.telemetry.Telemetry`)."""
+
+    @property
+    def cycle_class(self) -> type[Cycle]:
+        """The Cycle subclass that observes each request."""
+
+    def watch(self, registry: StreamRegistry) -> None:
+        """Report this registry's requests in flight."""
 
 
 class StreamGuard:
@@ -58,32 +70,28 @@ class StreamGuard:
         content_types: Sequence[str] = (SSE, NDJSON),
         max_streams: int | None = None,
         registry: StreamRegistry | None = None,
-        telemetry: Telemetry | None = None,
+        telemetry: Observer | None = None,
     ) -> None:
-        for name, value in (
-            ("keepalive_interval", keepalive_interval),
-            ("first_token_timeout", first_token_timeout),
-            ("idle_timeout", idle_timeout),
-            ("max_duration", max_duration),
-            ("send_timeout", send_timeout),
-        ):
-            if value is not None and not value > 0:
-                raise ValueError(
-                    f"{name} must be a positive number of seconds or None, not {value!r}"
-                )
         self.app = app
-        self.keepalive_interval = keepalive_interval
-        self.first_token_timeout = first_token_timeout
-        self.idle_timeout = idle_timeout
-        self.max_duration = max_duration
-        self.send_timeout = send_timeout
-        intervals = [t for t in (keepalive_interval, idle_timeout, send_timeout) if t is not None]
-        self.tick = min(intervals, default=60.0)
-        self.content_types = frozenset(t.lower().encode() for t in content_types)
+        self.timeouts = Timeouts(
+            keepalive_interval=keepalive_interval,
+            first_token_timeout=first_token_timeout,
+            idle_timeout=idle_timeout,
+            max_duration=max_duration,
+            send_timeout=send_timeout,
+        )
         self.max_streams = max_streams
         self.registry = registry if registry is not None else StreamRegistry()
         self.telemetry = telemetry  # None: off, nothing per chunk (middleware.telemetry)
+        self.settings = Settings(
+            app=app,
+            timeouts=self.timeouts,
+            content_types=frozenset(t.lower().encode() for t in content_types),
+            registry=self.registry,
+        )
+        self.cycle_class = Cycle
         if telemetry is not None:
+            self.cycle_class = telemetry.cycle_class
             telemetry.watch(self.registry)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -97,11 +105,7 @@ class StreamGuard:
         if self.max_streams is not None and len(registry) >= self.max_streams:
             await _reject(send, TooManyStreams(), retry_after=1)
             return
-        cycle = Cycle(self, scope, receive, send)
-        if cycle.record is None:
-            await cycle.run()
-        else:
-            await cycle.record.observe(cycle)
+        await self.cycle_class(self.settings, scope, receive, send).run()
 
 
 async def _reject(send: Send, error: StreamError, *, retry_after: int) -> None:

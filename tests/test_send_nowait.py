@@ -416,32 +416,32 @@ async def test_with_telemetry_paced_tokens_are_counted_by_the_learned_frame(
     monkeypatch: pytest.MonkeyPatch, stamp: bool
 ) -> None:
     """Telemetry's per-token work through the real stack is one check against the stream's
-    learned frame: the slow path (`Cycle._observe`: scanner, JSON) runs only for the first
+    learned frame: the slow path (`ObservedCycle._observe`: scanner, JSON) runs only for the first
     chunks and the end, whether each chunk's tail is the same (vLLM) or changes (the
     emulator's timestamp, OpenAI's obfuscation). A change that loses the fast path — and
     quietly multiplies telemetry's cost per token — fails here; the counts stay exact."""
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from middleware.telemetry import Telemetry
+    from middleware.telemetry.observed import ObservedCycle
     from middleware.telemetry.record import StreamRecord
 
     slow: list[int] = []
-    observe = Cycle._observe
+    observe, start = ObservedCycle._observe, ObservedCycle.__init__
 
-    def counting(self: Cycle, body: bytes, now: float, stats: Any) -> None:
+    def counting(self: ObservedCycle, body: bytes, now: float, stats: Any) -> None:
         slow.append(len(body))
         observe(self, body, now, stats)
 
     records: list[StreamRecord] = []
-    monkeypatch.setattr(Cycle, "_observe", counting)
+
+    def keeping(self: ObservedCycle, *args: Any) -> None:
+        start(self, *args)
+        records.append(self.record)
+
+    monkeypatch.setattr(ObservedCycle, "_observe", counting)
+    monkeypatch.setattr(ObservedCycle, "__init__", keeping)
     telemetry = Telemetry(metric_readers=[InMemoryMetricReader()])
-    make_record = telemetry.record
-
-    def keeping(cycle: Cycle) -> StreamRecord:
-        records.append(make_record(cycle))
-        return records[-1]
-
-    monkeypatch.setattr(telemetry, "record", keeping)
     body = json.loads(chat(tokens=30, itl_ms=5))
     body["sidestream"]["stamp"] = stamp
     text = await through_the_sidecar(json.dumps(body).encode(), telemetry)

@@ -34,9 +34,7 @@ class Frame:
         is what is left, and it must not start with the closing quote of "" nor hold a line
         end (prefix and suffix hold none but the event's end). `removeprefix` and
         `removesuffix` take one argument where `startswith` and `endswith` parse a tuple of
-        them, and their checks add to no more than the rest: ~40% less time per chunk.
-        `Cycle._relayed` writes this case out inline before calling here: keep the two the
-        same."""
+        them, and their checks add to no more than the rest."""
         if not self.varies:
             rest = body.removeprefix(self.prefix)
             content = rest.removesuffix(self.suffix)

@@ -23,7 +23,6 @@ import itertools
 import math
 from operator import sub
 
-from middleware.cycle import TIMES_KEPT
 from middleware.telemetry import semconv
 from middleware.telemetry.metrics import Key, LocalHistogram
 
@@ -33,6 +32,7 @@ SUB = 8  # log buckets per octave
 BOUNDS = [math.ldexp(1.0 + s / SUB, e) / 100.0 for e in range(-12, 14) for s in range(SUB)]
 _bucket_of = functools.partial(bisect.bisect_left, BOUNDS)
 # The conventions' bucket (0 = up to 10 ms ... 14 = above 81.92 s) holding each log bucket.
+TIMES_KEPT = 256  # chunk times held per stream before folding: 8 KB at most
 _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, math.inf]]
 _SPEC_BOUNDS = list(semconv.DURATION_BUCKETS)
 

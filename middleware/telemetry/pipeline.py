@@ -2,7 +2,7 @@
 
 `Telemetry` is built once per process (tracer, meter, instruments, logger) and handed to
 `StreamGuard(..., telemetry=...)`; `None` there means off and costs nothing per chunk. Per
-request the guard's cycle gets a `record.StreamRecord`. Names live in
+request runs as an `observed.ObservedCycle` with a `record.StreamRecord`. Names live in
 `middleware.telemetry.semconv`.
 
 Deliberate choices (do not "fix" these):
@@ -26,12 +26,13 @@ Deliberate choices (do not "fix" these):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from opentelemetry import propagate
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -60,16 +61,12 @@ from middleware.telemetry.access_log import AccessLogHandler
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
 from middleware.telemetry.metrics import LocalCounter, LocalHistogram
+from middleware.telemetry.observed import ObservedCycle
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
-from middleware.telemetry.record import StreamRecord
-
-if TYPE_CHECKING:
-    from middleware.cycle import Cycle
 
 __all__ = [
     "CONTENT_TYPE",
     "SpanKind",
-    "StreamRecord",
     "Telemetry",
     "configure_access_log",
     "prometheus_text",
@@ -226,9 +223,11 @@ class Telemetry:
 
     # -- per request ----------------------------------------------------------------------------
 
-    def record(self, cycle: Cycle) -> StreamRecord:
-        """The per-request record; called by Cycle.__init__."""
-        return StreamRecord(self, cycle)
+    @functools.cached_property
+    def cycle_class(self) -> type[ObservedCycle]:
+        """The cycle class StreamGuard runs each request with: `ObservedCycle` bound to this
+        telemetry (a subclass per `Telemetry`, so a request reads it as a class attribute)."""
+        return type("ObservedCycle", (ObservedCycle,), {"telemetry": self, "__slots__": ()})
 
     def watch(self, registry: StreamRegistry) -> None:
         """Report `registry`'s in-flight requests as the active-streams gauge."""

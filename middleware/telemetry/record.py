@@ -1,23 +1,20 @@
 """One request's telemetry: its span, its share of the metrics, its access-log line.
 
-A `StreamRecord` is made in `Cycle.__init__` (so the span starts at request arrival, with an
-explicit timestamp) and finished by `observe` after the cycle has run. Between the two, the
-cycle adds each content-carrying chunk's time to `gaps` (on its token path by appending to
-`gaps.times` directly) and calls `capture()` when content capture is on; nothing else of
-telemetry runs per chunk. All times are read from the monotonic clock the cycle already
+A `StreamRecord` is made when the request's cycle is (`observed.ObservedCycle`: the span
+starts at request arrival, with an explicit timestamp) and finished after the cycle has run.
+Between the two, the cycle adds each content-carrying chunk's time to `gaps` (on its token
+path by appending to `gaps.times` directly) and calls `capture()` when content capture is
+on; nothing else of telemetry runs per chunk. All times are read from the monotonic clock the cycle already
 keeps and turned into wall-clock nanoseconds against the pair (time_ns, monotonic) taken at
 arrival, so span durations and the TTFT attribute agree with the cycle's own deadlines.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from middleware.dialects import Dialect, select
@@ -25,12 +22,10 @@ from middleware.sse import Event
 from middleware.telemetry import semconv
 from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
 from middleware.telemetry.direct import DirectSpan
-from middleware.telemetry.finish import finish
 from middleware.telemetry.gaps import Gaps
 from middleware.types import Message, Receive, Scope
 
 if TYPE_CHECKING:
-    from middleware.cycle import Cycle
     from middleware.telemetry import Telemetry
 
 
@@ -58,11 +53,10 @@ class StreamRecord:
         "text_len",
     )
 
-    def __init__(self, telemetry: Telemetry, cycle: Cycle) -> None:
+    def __init__(self, telemetry: Telemetry, scope: Scope, started: float) -> None:
         self.telemetry = telemetry
         self.t0_ns = time.time_ns()
-        self.t0 = cycle.started
-        scope = cycle.scope
+        self.t0 = started  # the cycle's monotonic clock at arrival
         headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
         self.method: str = scope.get("method", "GET")
         self.path: str = scope.get("path", "")
@@ -110,8 +104,6 @@ class StreamRecord:
                     start_time=self.t0_ns,
                     attributes=attributes,
                 )
-        if self.genai is not None:
-            cycle.client_receive = self._tap(cycle.client_receive)
 
     def _http_attributes(self, scope: Scope) -> dict[str, str | int]:
         attrs: dict[str, str | int] = {
@@ -141,8 +133,9 @@ class StreamRecord:
             return {semconv.SERVER_ADDRESS: server[0], semconv.SERVER_PORT: server[1]}
         return {}
 
-    def _tap(self, receive: Receive) -> Receive:
-        """`receive` that also keeps up to BODY_CAP bytes of the request body, to parse once."""
+    def tap(self, receive: Receive) -> Receive:
+        """`receive` that also keeps up to BODY_CAP bytes of the request body, to parse once
+        (on GenAI paths, for the request's model and parameters)."""
 
         async def tapped() -> Message:
             message = await receive()
@@ -187,21 +180,3 @@ class StreamRecord:
     def ns(self, at: float) -> int:
         """A reading of the cycle's (monotonic) clock as wall-clock nanoseconds."""
         return self.t0_ns + round((at - self.t0) * 1e9)
-
-    async def observe(self, cycle: Cycle) -> None:
-        """Run the cycle with this request's span current, then finish the record."""
-        span = self.span
-        token = None if span is None else otel_context.attach(trace.set_span_in_context(span))
-        failure: BaseException | None = None
-        try:
-            await cycle.run()
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            if token is not None:
-                otel_context.detach(token)
-            try:
-                finish(self, cycle, failure)
-            except Exception:
-                logging.getLogger("sidestream").exception("telemetry failed for a request")

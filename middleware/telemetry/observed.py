@@ -1,0 +1,166 @@
+"""The telemetry-aware cycle: the one seam between the guard core and telemetry.
+
+`Telemetry` hands the guard `cycle_class`, a subclass of `ObservedCycle` bound to it, and
+the guard runs every request with it. The subclass keeps a `StreamRecord` from arrival,
+runs the request with the record's span current, and finishes the record when the request
+has run. Per chunk it counts what `Cycle` does not (chunks, bytes, tokens, their times).
+
+The token path: once a stream's usual token chunk is learned (`Frame`, from
+`Dialect.count_chunk`), a chunk that matches it is one token and one whole event, and is
+counted by appending its time to the record's `gaps.times`: no scanner, no JSON. Every other
+chunk goes through `_observe` (the dialect's reads of usage, model, finish reason). The
+tokens on the token path are added to `stats` only when someone asks (`stream_stats`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, ClassVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from middleware.cycle import Cycle, Settings
+from middleware.dialects import Frame, StreamStats, sniff
+from middleware.sse import CR, LF, Event, LineState, advance
+from middleware.telemetry.finish import finish
+from middleware.telemetry.gaps import TIMES_KEPT
+from middleware.telemetry.record import StreamRecord
+from middleware.types import Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from middleware.telemetry.pipeline import Telemetry
+
+EVENT = LineState.EVENT  # the hot path compares against a module global, not a class attribute
+
+
+class ObservedCycle(Cycle):
+    """A `Cycle` with one request's telemetry; see the module docstring."""
+
+    telemetry: ClassVar[Telemetry]  # set on the subclass `Telemetry.cycle_class` makes
+
+    __slots__ = ("bytes", "chunks", "frame", "record", "stats", "times", "times_counted")
+
+    def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
+        super().__init__(settings, scope, receive, send)
+        self.record = record = StreamRecord(self.telemetry, scope, self.started)
+        if record.genai is not None:
+            self.receiver.tap(record.tap)
+        self.chunks = self.bytes = 0
+        self.stats: StreamStats | None = None  # set for an SSE stream: every event observed
+        # The stream's token chunk once learned, while the stream stands at an event boundary
+        # (None while a read has left it inside an event): a chunk that reaches the check
+        # starts at an event boundary.
+        self.frame: Frame | None = None
+        self.times: list[float] = record.gaps.times
+        # The times in `times` not added by the token path (by `_heard`, whose tokens are in
+        # `stats` already, or counted by `stream_stats`): the rest are the token path's.
+        self.times_counted = 0
+
+    async def run(self) -> None:
+        """Run the request with its span current, then finish the record."""
+        record = self.record
+        span = record.span
+        token = None if span is None else otel_context.attach(trace.set_span_in_context(span))
+        failure: BaseException | None = None
+        try:
+            await super().run()
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            try:
+                finish(record, self, failure)
+            except Exception:
+                logging.getLogger("sidestream").exception("telemetry failed for a request")
+
+    def _start_sse(self) -> None:
+        super()._start_sse()
+        self.stats = StreamStats()  # observe every event, not only up to the first token
+
+    def _relayed(self, body: bytes, now: float) -> None:
+        self.chunks += 1
+        self.bytes += len(body)
+        stats = self.stats
+        if stats is None:  # not SSE: nothing to observe
+            Cycle._relayed(self, body, now)
+            return
+        self.last_chunk = now
+        frame = self.frame
+        if frame is not None and frame.matches(body):
+            times = self.times
+            times.append(now)  # `Gaps.add`, inline: a call per token
+            if len(times) >= TIMES_KEPT:
+                self.record.gaps.fold()
+            return  # one whole event: the line state stays EVENT
+        self._observe(body, now, stats)
+        state = self.line_state = advance(self.line_state, body)
+        self.frame = stats.frame if state is EVENT else None
+
+    def stream_stats(self) -> StreamStats | None:
+        """The stream's stats (None unless SSE), with the tokens counted on the token path
+        added in. Until then `stats` misses them; the dialects' own reads of `stats.events`
+        (is this the first event?) are decided before any frame is learned."""
+        stats = self.stats
+        if stats is not None:
+            tokens = self.record.gaps.added() - self.times_counted
+            if tokens:
+                stats.events += tokens
+                stats.tokens += tokens
+                self.times_counted += tokens
+        return stats
+
+    def _observe(self, body: bytes, now: float, stats: StreamStats) -> None:
+        """Every event of a chunk off the token path goes through the dialect.
+
+        A chunk of whole one-line `data: ...` events that starts at an event boundary (the
+        usual LLM chunk, and the finish + usage + `[DONE]` group that ends a stream) skips the
+        scanner: at a boundary the scanner holds nothing, and it holds nothing after such a
+        chunk either, so splitting it here is exact and saves the scanner's Python per line.
+        """
+        record = self.record
+        dialect = self.dialect
+        if dialect is not None and self.line_state is EVENT and record.text is None:
+            tokens = stats.tokens
+            if dialect.count_chunk(body, stats):
+                if stats.tokens != tokens:
+                    self._heard(now)
+                return
+        parts = None
+        if (
+            dialect is not None
+            and self.line_state is EVENT
+            and body.startswith(b"data: ")
+            and body.endswith(b"\n\n")
+            and CR not in body
+        ):
+            parts = body[6:-2].split(b"\n\ndata: ")
+            if body.count(LF) != 2 * len(parts):  # a line of another field, a multi-line data
+                parts = None
+        if parts is not None:
+            events = [
+                Event("message", part.decode("utf-8", "replace"), None, None) for part in parts
+            ]
+        else:
+            assert self.scanner is not None
+            events = self.scanner.feed(body)
+        tokens = stats.tokens
+        for event in events:
+            if dialect is None:
+                dialect = self.dialect = sniff(event)
+            dialect.observe(event, stats)
+        if stats.tokens != tokens:
+            self._heard(now)
+            if record.text is not None:
+                assert dialect is not None
+                record.capture(events, dialect)
+
+    def _heard(self, now: float) -> None:
+        """`_observe` counted tokens in a chunk read at `now` (already in `stats`): the first
+        token's time, the chunk's time, and that time marked as counted (`times_counted`)."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.record.gaps.add(now)
+        self.times_counted += 1
