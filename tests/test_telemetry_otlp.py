@@ -47,9 +47,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.span import TraceState
 
-from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Telemetry, semconv
 from middleware.telemetry.otlp import OTLPSpanExporter, encode_spans, plain_http_transport
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
