@@ -1,9 +1,9 @@
-"""One request's trip through StreamGuard: the response's phases, the relay, the one timer.
+"""One request's trip through StreamGuard: its run, its response's start, the one timer.
 
-The rules are the guard's (see `guard.py`); this module runs them for one request. Per
-chunk the relay stores the clock, scans for the first token until it has come, advances the
-O(1) SSE line state, and hands the chunk to the server: nothing else. The client side
-(request body, disconnect watcher) is `receiver.Receiver`; what is due when is
+The rules are the guard's (see `guard.py`); `Cycle` runs them for one request. Per chunk
+(`relay.Relay`, its base) it stores the clock, scans for the first token until it has come,
+advances the O(1) SSE line state, and hands the chunk to the server: nothing else. The
+client side (request body, disconnect watcher) is `receiver.Receiver`; what is due when is
 `deadlines`; the response's progress is a `phases.Phase`. Telemetry, when on, runs the
 request with a subclass of this one (`middleware.telemetry.observed`): this module knows
 nothing of it.
@@ -18,7 +18,7 @@ from time import monotonic
 from typing import Any
 
 from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
-from middleware.dialects import Dialect, select, sniff
+from middleware.dialects import select
 from middleware.errors import (
     FirstTokenTimeout,
     IdleTimeout,
@@ -29,19 +29,18 @@ from middleware.errors import (
     UpstreamError,
 )
 from middleware.framing import Inflater, error_response, guarded, stream_headers, terminal_event
-from middleware.phases import Phase, step
+from middleware.phases import Phase
 from middleware.receiver import Receiver
 from middleware.registry import StreamRegistry
-from middleware.sse import LineState, SSEScanner, advance
+from middleware.relay import Relay
+from middleware.sse import LineState, SSEScanner
 from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send, SendNowait
 
 logger = logging.getLogger("sidestream")
 
-BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
 TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
-# The hot path compares against module globals, not class attributes.
-HEADERS, BODY, DONE = Phase.HEADERS, Phase.BODY, Phase.DONE
+HEADERS, DONE = Phase.HEADERS, Phase.DONE
 EXPIRED: dict[Expiry, type[StreamError]] = {
     Expiry.MAX_DURATION: MaxDuration,
     Expiry.FIRST_TOKEN: FirstTokenTimeout,
@@ -59,38 +58,18 @@ class Settings:
     registry: StreamRegistry
 
 
-class Cycle:
-    """Per-request state. Created by StreamGuard.__call__, never shared between requests.
-
-    Slotted: a relayed chunk reads and writes a handful of these fields, and with slots they
-    sit in the object itself, fewer cache lines away when the next token of this stream
-    comes after many other streams' tokens.
-    """
+class Cycle(Relay):
+    """Per-request state. Created by StreamGuard.__call__, never shared between requests."""
 
     __slots__ = (
         "aborted_at",
         "cancelled_task",
-        "completed_at",
-        "dialect",
-        "downstream",
         "error",
-        "first_token_at",
-        "inflater",
-        "keepalive",
         "keepalives",
-        "last_chunk",
-        "last_write",
-        "line_state",
         "loop",
         "outcome",
-        "phase",
-        "reason",
-        "receiver",
         "running",
-        "scanner",
         "scope",
-        "sending_since",
-        "server_nowait",
         "settings",
         "sse",
         "started",
@@ -99,7 +78,6 @@ class Cycle:
         "streaming",
         "task",
         "timer",
-        "wrote_before_body",
     )
 
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
@@ -109,34 +87,22 @@ class Cycle:
         # instead (its checks first, then the server's), never the server's own. Swapped in
         # the extension's own dict rather than in a copy of the scope: a copy costs ~1 KB
         # per open stream, and the server never reads the function back.
-        self.server_nowait: SendNowait | None = None
+        server_nowait: SendNowait | None = None
         extensions = scope.get("extensions")
         if extensions and SEND_NOWAIT in extensions:
             offer = extensions[SEND_NOWAIT]
-            self.server_nowait = offer["send"]
+            server_nowait = offer["send"]
             offer["send"] = self.send_nowait
-        self.receiver = Receiver(receive, self._client_left)
-        self.downstream = send
+        self.started = now = monotonic()
+        super().__init__(Receiver(receive, self._client_left), send, server_nowait, now)
         self.loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None, "StreamGuard runs inside a task"
         self.task = task
-        now = monotonic()
-        self.started = self.last_chunk = self.last_write = now
-        self.first_token_at: float | None = None
-        self.sending_since: float | None = None
-        self.phase = Phase.START
         self.running = False  # the app is running and may be cancelled
         self.streaming = False  # a guarded stream: SSE or another configured type
         self.sse = False
-        self.wrote_before_body = False  # a keep-alive went out before the first body byte
         self.timer: asyncio.TimerHandle | None = None
-        self.keepalive: asyncio.Task[None] | None = None
-        self.reason: StreamError | Outcome | None = None  # why the guard stopped the app
-        self.line_state = LineState.EVENT
-        self.scanner: SSEScanner | None = None
-        self.dialect: Dialect | None = None
-        self.inflater: Inflater | None = None
         self.keepalives = 0
         self.outcome = Outcome.COMPLETED
         self.cancelled_task = False
@@ -145,7 +111,6 @@ class Cycle:
         self.error: StreamError | None = None
         self.aborted_at: float | None = None  # a stop was decided (disconnect, timeout, drain)
         self.stopped_at: float | None = None  # the app has stopped
-        self.completed_at: float | None = None  # the app handed over its final body message
 
     # -- the request ------------------------------------------------------------------------
 
@@ -212,11 +177,6 @@ class Cycle:
         self.receiver.stop()
         if self.keepalive is not None and self.reason is Outcome.SLOW_CLIENT:
             self.keepalive.cancel()
-
-    def _enter(self, phase: Phase) -> None:
-        self.phase = step(self.phase, phase)
-        if phase is DONE:
-            self.receiver.closed = True
 
     async def _fail(self, error: StreamError) -> None:
         """Before headers: an error response. In a stream: one terminal event, then the end."""
@@ -289,84 +249,6 @@ class Cycle:
         """An SSE stream begins: scan it for its first token."""
         self.scanner = SSEScanner()
         self.dialect = select(self.scope.get("path", ""))
-
-    async def send(self, message: Message) -> None:
-        """The app's `send`. A stream's body chunk is relayed here, not in a coroutine helper:
-        a coroutine call per chunk is measurable (the accounting, a plain call, is shared
-        with `send_nowait`)."""
-        phase = self.phase
-        if (phase is not BODY and phase is not HEADERS) or message["type"] != "http.response.body":
-            await self._send_other(message)
-            return
-        if self.reason is not None:
-            # Stopped already. A server that drops writes to a gone client never suspends in
-            # send(), so the pending cancellation could not reach an app that sends in a loop.
-            raise asyncio.CancelledError
-        body: bytes = message.get("body", b"")
-        more = message.get("more_body", False)
-        if self.inflater is not None:
-            body = self.inflater.decompress(body) + (b"" if more else self.inflater.flush())
-            message = {"type": "http.response.body", "body": body, "more_body": more}
-        now = monotonic()
-        if body:
-            if phase is HEADERS:
-                self._enter(BODY)
-                if self.wrote_before_body and body.startswith(BOM):
-                    # A BOM is only a BOM at the start of the stream; a keep-alive went first.
-                    body = body[3:]
-                    message = {"type": "http.response.body", "body": body, "more_body": more}
-            self._relayed(body, now)
-        if not more:
-            self._enter(DONE)
-            self.completed_at = now
-        if self.keepalive is not None:
-            await asyncio.wait((self.keepalive,))
-        self.sending_since = self.last_write = now
-        try:
-            await self.downstream(message)
-        finally:
-            self.sending_since = None
-
-    def send_nowait(self, body: bytes) -> bool:
-        """The `SEND_NOWAIT` extension: relay one more stream chunk now, or refuse (False)
-        and let the app `send` it. Refused whenever `send` would do more than write: before
-        the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
-        go first), with an inflater, once stopped, and whenever the server itself refuses
-        (flow control)."""
-        if (
-            self.phase is not BODY
-            or self.reason is not None
-            or self.sending_since is not None
-            or self.keepalive is not None
-            or self.inflater is not None
-            or self.server_nowait is None
-            or not self.server_nowait(body)
-        ):
-            return False
-        self.last_write = now = monotonic()
-        self._relayed(body, now)
-        return True
-
-    def _relayed(self, body: bytes, now: float) -> None:
-        """Account for a body chunk given to the server (by `send` or `send_nowait`): the
-        idle clock, the first token, the SSE line state."""
-        self.last_chunk = now
-        if self.scanner is not None:
-            self._scan(body, now)
-        elif self.first_token_at is None:
-            self.first_token_at = now
-        self.line_state = advance(self.line_state, body)
-
-    def _scan(self, body: bytes, now: float) -> None:
-        assert self.scanner is not None
-        dialect = self.dialect
-        for event in self.scanner.feed(body):
-            if dialect is None:
-                dialect = self.dialect = sniff(event)
-            if dialect.is_token(event):
-                self.first_token_at = now
-                self.scanner = None  # nothing more to learn per chunk
-                return
 
     # -- the one timer ---------------------------------------------------------------------------
 

@@ -1,0 +1,157 @@
+"""The per-chunk half of a request's cycle: a stream's body chunks on their way to the client.
+
+`Relay` holds what a relayed chunk reads and writes, and the three methods a chunk runs
+through: `send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait`
+extension: written from the upstream's read callback without waking the request's task) and
+`_relayed` (the accounting both share). Everything else of the request — its start, the
+timer, keep-alives, failures — is `cycle.Cycle`, the one subclass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import monotonic
+
+from middleware.dialects import Dialect, sniff
+from middleware.errors import Outcome, StreamError
+from middleware.framing import Inflater
+from middleware.phases import Phase, step
+from middleware.receiver import Receiver
+from middleware.sse import LineState, SSEScanner, advance
+from middleware.types import Message, Send, SendNowait
+
+BOM = b"\xef\xbb\xbf"
+# The hot path compares against module globals, not class attributes.
+HEADERS, BODY, DONE = Phase.HEADERS, Phase.BODY, Phase.DONE
+
+
+class Relay:
+    """A stream's relay state (see the module docstring); slotted, so that the fields a
+    chunk touches sit in the object itself, fewer cache lines away when the next token of
+    this stream comes after many other streams' tokens."""
+
+    __slots__ = (
+        "completed_at",
+        "dialect",
+        "downstream",
+        "first_token_at",
+        "inflater",
+        "keepalive",
+        "last_chunk",
+        "last_write",
+        "line_state",
+        "phase",
+        "reason",
+        "receiver",
+        "scanner",
+        "sending_since",
+        "server_nowait",
+        "wrote_before_body",
+    )
+
+    def __init__(
+        self, receiver: Receiver, send: Send, server_nowait: SendNowait | None, now: float
+    ) -> None:
+        self.receiver = receiver
+        self.downstream = send
+        # The server's synchronous body write, if it offers one (see `send_nowait`).
+        self.server_nowait = server_nowait
+        self.phase = Phase.START
+        self.last_chunk = self.last_write = now
+        self.first_token_at: float | None = None
+        self.sending_since: float | None = None  # a write to the client under way since
+        self.completed_at: float | None = None  # the app handed over its final body message
+        self.keepalive: asyncio.Task[None] | None = None  # a keep-alive being written
+        self.reason: StreamError | Outcome | None = None  # why the guard stopped the app
+        self.wrote_before_body = False  # a keep-alive went out before the first body byte
+        self.line_state = LineState.EVENT
+        self.scanner: SSEScanner | None = None  # until the first token
+        self.dialect: Dialect | None = None
+        self.inflater: Inflater | None = None
+
+    async def _send_other(self, message: Message) -> None:
+        """Everything but a stream's body chunk (the response start, a plain response)."""
+        raise NotImplementedError
+
+    def _enter(self, phase: Phase) -> None:
+        self.phase = step(self.phase, phase)
+        if phase is DONE:
+            self.receiver.closed = True
+
+    async def send(self, message: Message) -> None:
+        """The app's `send`. A stream's body chunk is relayed here, not in a coroutine helper:
+        a coroutine call per chunk is measurable (the accounting, a plain call, is shared
+        with `send_nowait`)."""
+        phase = self.phase
+        if (phase is not BODY and phase is not HEADERS) or message["type"] != "http.response.body":
+            await self._send_other(message)
+            return
+        if self.reason is not None:
+            # Stopped already. A server that drops writes to a gone client never suspends in
+            # send(), so the pending cancellation could not reach an app that sends in a loop.
+            raise asyncio.CancelledError
+        body: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.inflater is not None:
+            body = self.inflater.decompress(body) + (b"" if more else self.inflater.flush())
+            message = {"type": "http.response.body", "body": body, "more_body": more}
+        now = monotonic()
+        if body:
+            if phase is HEADERS:
+                self._enter(BODY)
+                if self.wrote_before_body and body.startswith(BOM):
+                    # A BOM is only a BOM at the start of the stream; a keep-alive went first.
+                    body = body[3:]
+                    message = {"type": "http.response.body", "body": body, "more_body": more}
+            self._relayed(body, now)
+        if not more:
+            self._enter(DONE)
+            self.completed_at = now
+        if self.keepalive is not None:
+            await asyncio.wait((self.keepalive,))
+        self.sending_since = self.last_write = now
+        try:
+            await self.downstream(message)
+        finally:
+            self.sending_since = None
+
+    def send_nowait(self, body: bytes) -> bool:
+        """The `SEND_NOWAIT` extension: relay one more stream chunk now, or refuse (False)
+        and let the app `send` it. Refused whenever `send` would do more than write: before
+        the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
+        go first), with an inflater, once stopped, and whenever the server itself refuses
+        (flow control)."""
+        if (
+            self.phase is not BODY
+            or self.reason is not None
+            or self.sending_since is not None
+            or self.keepalive is not None
+            or self.inflater is not None
+            or self.server_nowait is None
+            or not self.server_nowait(body)
+        ):
+            return False
+        self.last_write = now = monotonic()
+        self._relayed(body, now)
+        return True
+
+    def _relayed(self, body: bytes, now: float) -> None:
+        """Account for a body chunk given to the server (by `send` or `send_nowait`): the
+        idle clock, the first token, the SSE line state."""
+        self.last_chunk = now
+        if self.scanner is not None:
+            self._scan(body, now)
+        elif self.first_token_at is None:
+            self.first_token_at = now
+        self.line_state = advance(self.line_state, body)
+
+    def _scan(self, body: bytes, now: float) -> None:
+        assert self.scanner is not None
+        dialect = self.dialect
+        for event in self.scanner.feed(body):
+            if dialect is None:
+                dialect = self.dialect = sniff(event)
+            if dialect.is_token(event):
+                self.first_token_at = now
+                self.scanner = None  # nothing more to learn per chunk
+                return
