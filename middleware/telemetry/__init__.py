@@ -3,18 +3,32 @@
 Off unless a `Telemetry` is handed to `StreamGuard(..., telemetry=...)`. The guard core never
 imports this package: a `Telemetry` supplies the cycle class the guard runs each request with
 (`observed.ObservedCycle`), and that subclass is the one seam between the two. The modules:
-`pipeline` (the process-wide `Telemetry`, `from_env`), `observed` (the telemetry-aware cycle),
+`pipeline` (the process-wide providers and instruments, `from_env`), `observed` (the telemetry-aware cycle),
 `record` (one request's state), `finish` (its end), `gaps`, `metrics`, `prometheus`,
 `access_log`, `content`, `semconv` (every attribute and metric name), `direct` and `otlp`
 (the span fast path).
 """
 
+import functools
+
+from middleware.telemetry.observed import ObservedCycle
 from middleware.telemetry.pipeline import (
     CONTENT_TYPE,
+    Pipeline,
     SpanKind,
-    Telemetry,
     configure_access_log,
     prometheus_text,
 )
 
 __all__ = ["CONTENT_TYPE", "SpanKind", "Telemetry", "configure_access_log", "prometheus_text"]
+
+
+class Telemetry(Pipeline):
+    """What StreamGuard takes as `telemetry`: the process's pipeline (see `Pipeline`,
+    `Telemetry.from_env()`), and the cycle class every request runs with."""
+
+    @functools.cached_property
+    def cycle_class(self) -> type[ObservedCycle]:
+        """`ObservedCycle` bound to this telemetry: a subclass per `Telemetry`, so that a
+        request reads its telemetry as a class attribute."""
+        return type("ObservedCycle", (ObservedCycle,), {"telemetry": self, "__slots__": ()})

@@ -25,7 +25,7 @@ from middleware.telemetry.direct import exception_event
 from middleware.telemetry.metrics import Key, series
 
 if TYPE_CHECKING:
-    from middleware.telemetry.observed import ObservedCycle as Cycle
+    from middleware.telemetry.record import Finished as Cycle
     from middleware.telemetry.record import StreamRecord
 
 FAILURES = frozenset(

@@ -29,7 +29,7 @@ from middleware.telemetry.record import StreamRecord
 from middleware.types import Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from middleware.telemetry.pipeline import Telemetry
+    from middleware.telemetry.pipeline import Pipeline
 
 EVENT = LineState.EVENT  # the hot path compares against a module global, not a class attribute
 
@@ -37,7 +37,7 @@ EVENT = LineState.EVENT  # the hot path compares against a module global, not a 
 class ObservedCycle(Cycle):
     """A `Cycle` with one request's telemetry; see the module docstring."""
 
-    telemetry: ClassVar[Telemetry]  # set on the subclass `Telemetry.cycle_class` makes
+    telemetry: ClassVar[Pipeline]  # set on the subclass `Telemetry.cycle_class` makes
 
     __slots__ = ("bytes", "chunks", "frame", "record", "stats", "times", "times_counted")
 

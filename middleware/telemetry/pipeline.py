@@ -1,8 +1,9 @@
-"""Telemetry for StreamGuard: one span per stream, GenAI metrics, Prometheus text, an access log.
+"""Telemetry's process-wide part: providers, instruments, Prometheus text, the access logger.
 
-`Telemetry` is built once per process (tracer, meter, instruments, logger) and handed to
-`StreamGuard(..., telemetry=...)`; `None` there means off and costs nothing per chunk. Per
-request runs as an `observed.ObservedCycle` with a `record.StreamRecord`. Names live in
+A `Pipeline` is built once per process (tracer, meter, instruments, logger); its subclass
+`middleware.telemetry.Telemetry` is what `StreamGuard(..., telemetry=...)` takes (`None`
+there means off and costs nothing per chunk). Each request runs as an
+`observed.ObservedCycle` with a `record.StreamRecord`. Names live in
 `middleware.telemetry.semconv`.
 
 Deliberate choices (do not "fix" these):
@@ -26,13 +27,12 @@ Deliberate choices (do not "fix" these):
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from opentelemetry import propagate
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -61,13 +61,12 @@ from middleware.telemetry.access_log import AccessLogHandler
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
 from middleware.telemetry.metrics import LocalCounter, LocalHistogram
-from middleware.telemetry.observed import ObservedCycle
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
 
 __all__ = [
     "CONTENT_TYPE",
+    "Pipeline",
     "SpanKind",
-    "Telemetry",
     "configure_access_log",
     "prometheus_text",
 ]
@@ -75,7 +74,7 @@ __all__ = [
 logger = logging.getLogger("sidestream")
 
 
-class Telemetry:
+class Pipeline:
     """Process-wide telemetry: providers, instruments, the access logger, the chunk histogram.
 
     Spans: `span_processor` gets direct spans (`direct`: written at the stream's
@@ -186,7 +185,7 @@ class Telemetry:
         *,
         environ: Mapping[str, str] | None = None,
         **options: Any,
-    ) -> Telemetry | None:
+    ) -> Self | None:
         """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
 
         `options` go to the constructor (server_address, server_port, provider_name,
@@ -222,12 +221,6 @@ class Telemetry:
         )
 
     # -- per request ----------------------------------------------------------------------------
-
-    @functools.cached_property
-    def cycle_class(self) -> type[ObservedCycle]:
-        """The cycle class StreamGuard runs each request with: `ObservedCycle` bound to this
-        telemetry (a subclass per `Telemetry`, so a request reads it as a class attribute)."""
-        return type("ObservedCycle", (ObservedCycle,), {"telemetry": self, "__slots__": ()})
 
     def watch(self, registry: StreamRegistry) -> None:
         """Report `registry`'s in-flight requests as the active-streams gauge."""
@@ -273,7 +266,7 @@ class Telemetry:
         self.meter_provider.shutdown()
 
 
-def prometheus_text(registry: StreamRegistry | None, telemetry: Telemetry | None) -> bytes:
+def prometheus_text(registry: StreamRegistry | None, telemetry: Pipeline | None) -> bytes:
     """Prometheus text for the admin /metrics; `sidestream_active_streams` even when off."""
     active = len(registry) if registry is not None else 0
     if telemetry is not None and registry is None:
@@ -312,7 +305,7 @@ def _wanted(env: Mapping[str, str], signal: str) -> bool:
 class _WithLocal(MetricExporter):
     """A metric exporter that adds the locally aggregated metrics to every export."""
 
-    def __init__(self, inner: MetricExporter, telemetry: Telemetry) -> None:
+    def __init__(self, inner: MetricExporter, telemetry: Pipeline) -> None:
         super().__init__(
             preferred_temporality=inner._preferred_temporality,
             preferred_aggregation=inner._preferred_aggregation,

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.trace import Span
 
-from middleware.dialects import Dialect, select
+from middleware.dialects import Dialect, StreamStats, select
+from middleware.errors import Outcome, StreamError
 from middleware.sse import Event
 from middleware.telemetry import semconv
 from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
@@ -26,7 +27,27 @@ from middleware.telemetry.gaps import Gaps
 from middleware.types import Message, Receive, Scope
 
 if TYPE_CHECKING:
-    from middleware.telemetry import Telemetry
+    from middleware.telemetry.pipeline import Pipeline
+
+
+class Finished(Protocol):
+    """What telemetry reads of a request's cycle once it has run (`observed.ObservedCycle`)."""
+
+    outcome: Outcome
+    status: int
+    error: StreamError | None
+    streaming: bool
+    dialect: Dialect | None
+    started: float
+    first_token_at: float | None
+    aborted_at: float | None
+    stopped_at: float | None
+    completed_at: float | None
+    chunks: int
+    bytes: int
+    keepalives: int
+
+    def stream_stats(self) -> StreamStats | None: ...
 
 
 class StreamRecord:
@@ -53,7 +74,7 @@ class StreamRecord:
         "text_len",
     )
 
-    def __init__(self, telemetry: Telemetry, scope: Scope, started: float) -> None:
+    def __init__(self, telemetry: Pipeline, scope: Scope, started: float) -> None:
         self.telemetry = telemetry
         self.t0_ns = time.time_ns()
         self.t0 = started  # the cycle's monotonic clock at arrival
