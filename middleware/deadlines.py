@@ -9,6 +9,7 @@ the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -71,25 +72,32 @@ class Clocks(Protocol):
     def sse(self) -> bool: ...  # keep-alives apply (an SSE stream)
 
 
-def expired(t: Timeouts, c: Clocks, now: float) -> Expiry | None:
-    """The first deadline that has passed at `now`, if any.
+def deadlines(t: Timeouts, c: Clocks) -> Iterator[tuple[Expiry, float]]:
+    """Each deadline in force, as (what, when), in the order they are checked: each rule
+    written once, for `expired` and `next_deadline` alike.
 
-    The first-token deadline holds until the first token, the idle one after it. While a
-    write is under way the send timeout applies and no keep-alive is due (it would wait
-    behind that write).
+    The first-token deadline holds until the first token, the idle one after it. The send
+    deadline holds while a write to the client is under way.
     """
-    if t.max_duration is not None and now >= c.started + t.max_duration:
-        return Expiry.MAX_DURATION
+    if t.max_duration is not None:
+        yield Expiry.MAX_DURATION, c.started + t.max_duration
     if c.first_token_at is None:
-        if t.first_token_timeout is not None and now >= c.started + t.first_token_timeout:
-            return Expiry.FIRST_TOKEN
-    elif t.idle_timeout is not None and now >= c.last_chunk + t.idle_timeout:
-        return Expiry.IDLE
-    if c.sending_since is not None:
-        if t.send_timeout is not None and now >= c.sending_since + t.send_timeout:
-            return Expiry.SEND
-    elif c.sse and t.keepalive_interval is not None and now >= c.last_write + t.keepalive_interval:
-        return Expiry.KEEPALIVE
+        if t.first_token_timeout is not None:
+            yield Expiry.FIRST_TOKEN, c.started + t.first_token_timeout
+    elif t.idle_timeout is not None:
+        yield Expiry.IDLE, c.last_chunk + t.idle_timeout
+    if c.sending_since is not None and t.send_timeout is not None:
+        yield Expiry.SEND, c.sending_since + t.send_timeout
+    if c.sse and t.keepalive_interval is not None:
+        yield Expiry.KEEPALIVE, c.last_write + t.keepalive_interval
+
+
+def expired(t: Timeouts, c: Clocks, now: float) -> Expiry | None:
+    """The first deadline that has passed at `now`, if any. While a write is under way no
+    keep-alive is due: it would wait behind that write."""
+    for what, when in deadlines(t, c):
+        if now >= when and (what is not Expiry.KEEPALIVE or c.sending_since is None):
+            return what
     return None
 
 
@@ -98,17 +106,9 @@ def next_deadline(t: Timeouts, c: Clocks, now: float) -> float:
 
     A keep-alive already due (written or refused at `now`) is next due an interval on.
     """
-    when = now + t.tick
-    if t.max_duration is not None:
-        when = min(when, c.started + t.max_duration)
-    if c.first_token_at is None:
-        if t.first_token_timeout is not None:
-            when = min(when, c.started + t.first_token_timeout)
-    elif t.idle_timeout is not None:
-        when = min(when, c.last_chunk + t.idle_timeout)
-    if c.sending_since is not None and t.send_timeout is not None:
-        when = min(when, c.sending_since + t.send_timeout)
-    if c.sse and t.keepalive_interval is not None:
-        due = c.last_write + t.keepalive_interval
-        when = min(when, due if due > now else now + t.keepalive_interval)
-    return when
+    earliest = now + t.tick
+    for what, when in deadlines(t, c):
+        if what is Expiry.KEEPALIVE and when <= now and t.keepalive_interval is not None:
+            when = now + t.keepalive_interval
+        earliest = min(earliest, when)
+    return earliest
