@@ -15,7 +15,7 @@ import httpcore
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
-from sidecar.upstream import Upstream
+from sidecar.upstream.types import Upstream
 
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_TIMEOUT_SECONDS = 2.0

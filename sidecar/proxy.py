@@ -37,9 +37,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from middleware.errors import StreamError, UpstreamConnectError, UpstreamProtocolError
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send
-from sidecar import h1
 from sidecar import headers as rules
-from sidecar.upstream import Pool, Upstream, make_pool
+from sidecar.upstream.h1 import Body as H1Body
+from sidecar.upstream.pools import make_pool
+from sidecar.upstream.types import Pool, Upstream
 
 MiB = 1024 * 1024
 
@@ -211,7 +212,7 @@ class ProxyApp:
                             "headers": rules.response_headers(response.headers),
                         }
                     )
-                    if nowait is not None and isinstance(response.body, h1.Body):
+                    if nowait is not None and isinstance(response.body, H1Body):
                         response.body.push_to(nowait)
                     async for chunk in response.body:
                         if chunk:

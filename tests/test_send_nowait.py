@@ -21,8 +21,8 @@ from middleware.registry import StreamRegistry
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.h1pool import H1Pool
 from sidecar.server import build_guard
+from sidecar.upstream.h1pool import H1Pool
 from tests.apps import SCOPE, SSE_HEADERS, chunk
 from tests.clients import request
 from tests.procs import chat
@@ -313,7 +313,7 @@ async def test_head_requests_get_no_nowait() -> None:
     assert SEND_NOWAIT in get["extensions"]
 
 
-# --- the upstream connection (sidecar.h1.Body.push_to) --------------------------------------
+# --- the upstream connection (sidecar.upstream.h1.Body.push_to) --------------------------------------
 
 
 @pytest.mark.parametrize("accept", ["all", "none", "alternate"])

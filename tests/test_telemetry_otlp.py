@@ -54,7 +54,7 @@ from middleware.telemetry_otlp import OTLPSpanExporter, encode_spans, plain_http
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp, inject_trace_context
-from sidecar.upstream import Upstream
+from sidecar.upstream.types import Upstream
 from tests import clients
 from tests.servers import serve
 from tests.upstreams import EchoUpstream, header
