@@ -30,7 +30,7 @@ from middleware.guard import StreamGuard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
-from sidecar.server import HypercornListener
+from sidecar.servers.hypercorn_listener import HypercornListener
 from sidecar.upstream.h2 import STREAM_WINDOW, HTTP2Pool
 from sidecar.upstream.types import Upstream
 from tests.clients import request as h1_request

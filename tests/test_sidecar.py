@@ -18,9 +18,9 @@ import pytest
 
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.server import build_guard
 from tests.clients import request
 from tests.servers import bound_socket, serve
 from tests.sseparse import comments, parse
