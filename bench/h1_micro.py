@@ -10,7 +10,7 @@ pinned to one core; a raw asyncio client reads the streams. The proxy's CPU (uti
     .venv/bin/python bench/h1_micro.py --old-ref a9cd6d5 --nginx --reps 2
     .venv/bin/python bench/h1_micro.py --old-ref a9cd6d5 --nginx --tokens 100 --itl-ms 20
 
-`--old-ref` runs the proxy from `git archive REF` (the httpcore pool before sidecar.h1);
+`--old-ref` runs the proxy from `git archive REF` (the httpcore pool before sidecar.upstream.h1);
 `--nginx` adds nginx (1 worker, proxy_buffering off, upstream keep-alive) for scale.
 Not a test, and short: the machine may be shared.
 """
@@ -78,7 +78,7 @@ def serve_proxy(port: int, upstream: int, cpu: int) -> None:
     import uvicorn
 
     from sidecar.proxy import ProxyApp
-    from sidecar.upstream import Upstream
+    from sidecar.upstream.types import Upstream
 
     os.sched_setaffinity(0, {cpu})
     app = ProxyApp(Upstream.parse(f"http://127.0.0.1:{upstream}"))

@@ -2,23 +2,34 @@
 
 It binds to 127.0.0.1 by default: nothing here needs to be reachable from outside the pod
 except by the kubelet, which is given the pod IP by setting `--admin-listen 0.0.0.0:9901`.
+
+Starlette serves it: these requests are a few a second at most, so routing and responses
+are Starlette's; the traffic path stays pure ASGI. Unknown paths and wrong methods answer
+the sidecar's JSON error shape, not Starlette's plain-text defaults.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import httpcore
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
-from sidecar.upstream import Upstream
+from sidecar.upstream.types import Upstream
 
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_TIMEOUT_SECONDS = 2.0
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+ROUTES = {"/livez": "GET", "/readyz": "GET", "/metrics": "GET", "/drain": "POST"}  # GET takes HEAD
 
 
 class UpstreamHealth:
@@ -59,7 +70,7 @@ class UpstreamHealth:
 
 
 class AdminApp:
-    """`/livez`, `/readyz`, `/metrics`, `POST /drain` as a pure ASGI app."""
+    """`/livez`, `/readyz`, `/metrics`, `POST /drain` on Starlette routing (a cold path)."""
 
     def __init__(
         self,
@@ -72,50 +83,39 @@ class AdminApp:
         self.health = health
         self.start_drain = start_drain
         self.metrics = metrics
+        endpoints = {
+            "/livez": self._livez,
+            "/readyz": self._readyz,
+            "/metrics": self._metrics,
+            "/drain": self._drain,
+        }
+        self._app = Starlette(
+            routes=[Route(path, endpoints[path], methods=[m]) for path, m in ROUTES.items()],
+            exception_handlers={404: _not_found, 405: _method_not_allowed},
+            lifespan=self._lifespan,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await self.health.aclose()
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        if scope["type"] != "http":
-            return
-        method, path = scope["method"], scope["path"]
-        routes = {"/livez": "GET", "/readyz": "GET", "/metrics": "GET", "/drain": "POST"}
-        if path not in routes:
-            await _json(
-                send, 404, {"error": {"message": f"no admin endpoint {path}", "code": "not_found"}}
-            )
-        elif method != routes[path] and not (method == "HEAD" and routes[path] == "GET"):
-            await _json(
-                send,
-                405,
-                {"error": {"message": f"use {routes[path]}", "code": "method_not_allowed"}},
-            )
-        elif path == "/livez":
-            await _json(send, 200, {"status": "ok"})
-        elif path == "/readyz":
-            await self._readyz(send)
-        elif path == "/metrics":
-            await self._metrics(send)
-        else:
-            self.start_drain()
-            await _json(send, 202, {"status": "draining", "active_streams": len(self.registry)})
+        await self._app(scope, receive, send)
 
-    async def _readyz(self, send: Send) -> None:
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        yield
+        await self.health.aclose()
+
+    async def _livez(self, request: Request) -> Response:
+        return _json(200, {"status": "ok"})
+
+    async def _readyz(self, request: Request) -> Response:
         if self.registry.draining:
-            await _json(send, 503, {"status": "draining"})
-            return
+            return _json(503, {"status": "draining"})
         healthy, detail = await self.health.check()
-        await _json(
-            send,
+        return _json(
             200 if healthy else 503,
             {"status": "ok" if healthy else "unready", "detail": detail},
         )
 
-    async def _metrics(self, send: Send) -> None:
+    async def _metrics(self, request: Request) -> Response:
         if self.metrics is None:
             body = b"# TYPE sidestream_active_streams gauge\nsidestream_active_streams %d\n" % len(
                 self.registry
@@ -123,20 +123,24 @@ class AdminApp:
         else:
             produced = self.metrics()
             body = produced if isinstance(produced, bytes) else await produced
-        headers = [
-            (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
-            (b"content-length", b"%d" % len(body)),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        return Response(body, media_type=PROMETHEUS_TEXT)
+
+    async def _drain(self, request: Request) -> Response:
+        self.start_drain()
+        return _json(202, {"status": "draining", "active_streams": len(self.registry)})
 
 
-async def _json(send: Send, status: int, payload: object) -> None:
-    body = json.dumps(payload).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(body)),
-        (b"cache-control", b"no-store"),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def _json(status: int, payload: object, headers: Mapping[str, str] | None = None) -> Response:
+    return JSONResponse(payload, status, headers={"cache-control": "no-store", **(headers or {})})
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    path = request.url.path
+    return _json(404, {"error": {"message": f"no admin endpoint {path}", "code": "not_found"}})
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    method = ROUTES.get(request.url.path, "GET")
+    allow = exc.headers if isinstance(exc, HTTPException) and exc.headers else {}
+    error = {"message": f"use {method}", "code": "method_not_allowed"}
+    return _json(405, {"error": error}, allow)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sidecar.app import run
 from sidecar.config import Settings, load
-from sidecar.server import run
 
 if TYPE_CHECKING:
     from middleware.telemetry import Telemetry

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from sidecar.upstream import Upstream
+from sidecar.upstream.types import Upstream
 
 ENV_PREFIX = "SIDESTREAM_"
 

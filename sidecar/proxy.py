@@ -6,7 +6,7 @@ locals and a per-request `RequestBody`. The relay is pull-based — read one ups
 
 When the server offers the `SEND_NOWAIT` extension (the sidecar's HTTP/1.1 listener, through
 StreamGuard), an HTTP/1.1 upstream read is written to the client from the upstream
-protocol's callback, without waking this request's task: about half the CPU per token.
+protocol's callback, without waking this request's task.
 Whatever it refuses (a slow client, a keep-alive being written, the guard's own cases)
 comes out of the body iterator and takes the `send` path above, in order.
 
@@ -30,16 +30,14 @@ import urllib.parse
 from collections.abc import Iterator
 
 import httpcore
-from opentelemetry import baggage, propagate, trace
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.propagators.composite import CompositePropagator
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from middleware.errors import StreamError, UpstreamConnectError, UpstreamProtocolError
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send
-from sidecar import h1
 from sidecar import headers as rules
-from sidecar.upstream import Pool, Upstream, make_pool
+from sidecar.tracecontext import inject_trace_context
+from sidecar.upstream.h1 import Body as H1Body
+from sidecar.upstream.pools import make_pool
+from sidecar.upstream.types import Pool, Upstream
 
 MiB = 1024 * 1024
 
@@ -211,7 +209,7 @@ class ProxyApp:
                             "headers": rules.response_headers(response.headers),
                         }
                     )
-                    if nowait is not None and isinstance(response.body, h1.Body):
+                    if nowait is not None and isinstance(response.body, H1Body):
                         response.body.push_to(nowait)
                     async for chunk in response.body:
                         if chunk:
@@ -268,62 +266,6 @@ class ProxyApp:
         if first["type"] == "http.request" and (first.get("body") or first.get("more_body")):
             upstream_headers.append((b"transfer-encoding", b"chunked"))
         return RequestBody(receive, self.max_body, first)
-
-
-def inject_trace_context(headers: rules.Headers) -> None:
-    """Send the current span's context upstream (W3C `traceparent`, replacing the client's).
-
-    StreamGuard with telemetry makes the request's span current around the app, so the
-    inference server's spans become children of the sidecar's span, not siblings. With no
-    current span (telemetry off) the client's own trace headers pass through unchanged.
-
-    With the default propagation (`OTEL_PROPAGATORS` W3C trace context, with or without W3C
-    baggage) and no baggage in the context, the headers are written here as the propagator
-    writes them, without its context lookups; any other propagator writes its own.
-    """
-    span_context = trace.get_current_span().get_span_context()
-    if not span_context.is_valid:
-        return
-    if _w3c_propagation() and not baggage.get_all():
-        # TraceContextTextMapPropagator.inject's two headers.
-        headers[:] = [(name, value) for name, value in headers if name not in _W3C_FIELDS]
-        parent = b"00-%032x-%016x-%02x" % (
-            span_context.trace_id,
-            span_context.span_id,
-            span_context.trace_flags,
-        )
-        headers.append((b"traceparent", parent))
-        if span_context.trace_state:
-            headers.append((b"tracestate", span_context.trace_state.to_header().encode("latin-1")))
-        return
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    drop = {name.encode("latin-1") for name in carrier} | _W3C_FIELDS
-    headers[:] = [(name, value) for name, value in headers if name not in drop]
-    headers.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items())
-
-
-_W3C_FIELDS = frozenset({b"traceparent", b"tracestate"})
-_W3C_PROPAGATORS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
-_w3c_decided: tuple[object, bool] = (None, False)  # (global propagator, is it W3C's alone)
-
-
-def _w3c_propagation() -> bool:
-    """Is the global propagator W3C trace context, alone or with W3C baggage (the default)?
-    Decided once per propagator object (`set_global_textmap` replaces it)."""
-    global _w3c_decided
-    textmap = propagate.get_global_textmap()
-    if _w3c_decided[0] is not textmap:
-        parts: object = (textmap,)
-        if type(textmap) is CompositePropagator:
-            parts = getattr(textmap, "_propagators", None)
-        w3c = (
-            isinstance(parts, list | tuple)
-            and any(type(p) is TraceContextTextMapPropagator for p in parts)
-            and all(type(p) in _W3C_PROPAGATORS for p in parts)
-        )
-        _w3c_decided = (textmap, w3c)
-    return _w3c_decided[1]
 
 
 def _target(scope: Scope) -> bytes:

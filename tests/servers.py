@@ -17,7 +17,7 @@ import uvicorn
 
 from middleware.types import ASGIApp
 from sidecar.config import load
-from sidecar.server import traffic_protocol
+from sidecar.servers.uvicorn_listener import traffic_protocol
 
 Server = Literal["uvicorn-httptools", "uvicorn-h11", "hypercorn", "sidecar"]
 SERVERS: tuple[Server, ...] = ("uvicorn-httptools", "uvicorn-h11", "hypercorn")
@@ -45,8 +45,9 @@ async def serve(
 ) -> AsyncIterator[int]:
     """Serve `app` on 127.0.0.1 and yield the port; stop the server on exit.
 
-    `sidecar` is uvicorn with the sidecar's HTTP/1.1 protocol (`sidecar.inbound`), which
-    also offers the `SEND_NOWAIT` extension: serve the sidecar's app with it."""
+    `sidecar` is uvicorn with the sidecar's HTTP/1.1 protocol
+    (`sidecar.servers.uvicorn_internals`), which also offers the `SEND_NOWAIT` extension:
+    serve the sidecar's app with it."""
     sock = bound_socket()
     port = int(sock.getsockname()[1])
     if server == "hypercorn":

@@ -25,9 +25,9 @@ from openai.types.chat import ChatCompletionChunk
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.server import build_guard
 from tests.servers import serve
 from tests.sseparse import comments
 

@@ -15,9 +15,9 @@ from urllib.parse import urlencode
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.server import build_guard
 from tests.browser.cdp import open_page
 from tests.servers import serve
 

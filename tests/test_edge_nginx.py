@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from middleware.registry import StreamRegistry
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.server import build_guard
 from tests.clients import request
 from tests.procs import free_port
 from tests.servers import serve

@@ -19,8 +19,8 @@ import pytest
 
 from middleware.errors import Outcome
 from middleware.registry import StreamRegistry
+from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.server import build_guard
 from tests.clients import read_response, request
 from tests.faulty import FaultyUpstream, record_outcomes
 from tests.servers import serve

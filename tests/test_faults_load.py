@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
+from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.server import build_guard
 from tests.clients import request
 from tests.faulty import FaultyUpstream
 from tests.procs import CHAT, chat, free_port, get

@@ -17,8 +17,8 @@ import pytest
 
 from middleware.errors import Outcome
 from middleware.registry import StreamRegistry
+from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.server import build_guard
 from tests.clients import RawResponse, request
 from tests.faulty import (
     BAD_UTF8_BODY,

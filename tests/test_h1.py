@@ -1,4 +1,4 @@
-"""The HTTP/1.1 upstream pool (`sidecar.h1pool.H1Pool` on `sidecar.h1`) on real sockets:
+"""The HTTP/1.1 upstream pool (`sidecar.upstream.h1pool.H1Pool` on `sidecar.upstream.h1`) on real sockets:
 flow control, response framing, errors, keep-alive reuse, cancellation."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import pytest
 import uvloop
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
-from sidecar.h1 import H1Connection, Response, encode_head
-from sidecar.h1pool import H1Pool
+from sidecar.upstream.h1 import H1Connection, encode_head
+from sidecar.upstream.h1pool import H1Pool
+from sidecar.upstream.types import Response
 from tests.upstreams import RawConnection, RawUpstream, closed_port
 
 MiB = 1024 * 1024

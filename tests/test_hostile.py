@@ -1,9 +1,9 @@
 """Hostile input against the sidecar: each gets a clear status, never a hang or a forwarded request.
 
 The sidecar here is what `python -m sidecar` builds: `build_guard` from parsed settings,
-served by uvicorn with the traffic listener's protocol (`sidecar.inbound`), in front of an
-`EchoUpstream` that records every request reaching it. "Never forwarded" means that record
-stays empty. Raw sockets throughout: these requests are ones no well-behaved client sends.
+served by uvicorn with the traffic listener's protocol (`sidecar.servers.uvicorn_internals`),
+in front of an `EchoUpstream` that records every request reaching it. "Never forwarded"
+means that record stays empty. Raw sockets throughout: these requests are ones no well-behaved client sends.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from middleware.registry import StreamRegistry
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.headers import request_problem
-from sidecar.inbound import protocol_class
-from sidecar.server import HEAD_SLACK_BYTES, build_guard
+from sidecar.servers.uvicorn_internals import protocol_class
+from sidecar.servers.uvicorn_listener import HEAD_SLACK_BYTES
 from tests.servers import SERVERS, Server, serve
 from tests.upstreams import EchoUpstream, RawConnection, RawUpstream
 
@@ -34,7 +35,8 @@ def sidecar_app(upstream_port: int, *flags: str) -> Any:
 
 
 def listener(header_timeout: float | None = 10.0) -> dict[str, Any]:
-    """uvicorn options giving the traffic listener's protocol, as `sidecar.server` does."""
+    """uvicorn options giving the traffic listener's protocol, as
+    `sidecar.servers.uvicorn_listener` does."""
     return {"http": protocol_class(header_timeout, 4096 + HEAD_SLACK_BYTES)}
 
 

@@ -28,9 +28,9 @@ from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, semconv
 from middleware.types import Message, Receive, Scope, Send
+from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.inbound import protocol_class
-from sidecar.server import build_guard
+from sidecar.servers.uvicorn_internals import protocol_class
 from tests.servers import serve
 from tests.upstreams import EchoUpstream
 

@@ -29,10 +29,10 @@ from h2.errors import ErrorCodes
 from middleware.guard import StreamGuard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.h2 import STREAM_WINDOW, HTTP2Pool
 from sidecar.proxy import ProxyApp
-from sidecar.server import HypercornListener
-from sidecar.upstream import Upstream
+from sidecar.servers.hypercorn_listener import HypercornListener
+from sidecar.upstream.h2 import STREAM_WINDOW, HTTP2Pool
+from sidecar.upstream.types import Upstream
 from tests.clients import request as h1_request
 from tests.h2peers import ClientStream, H2Client, RecordingUpstream
 from tests.procs import Child

@@ -18,9 +18,9 @@ import pytest
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
 from middleware.types import Message
-from sidecar.h1pool import H1Pool
 from sidecar.proxy import ProxyApp
-from sidecar.upstream import Upstream
+from sidecar.upstream.h1pool import H1Pool
+from sidecar.upstream.types import Upstream
 from tests import clients
 from tests.servers import Server, serve
 from tests.upstreams import (

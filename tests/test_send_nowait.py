@@ -19,10 +19,10 @@ from middleware.cycle import Cycle
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.h1pool import H1Pool
-from sidecar.server import build_guard
+from sidecar.upstream.h1pool import H1Pool
 from tests.apps import SCOPE, SSE_HEADERS, chunk
 from tests.clients import request
 from tests.procs import chat
@@ -229,7 +229,7 @@ async def test_nowait_is_refused_once_the_stream_was_stopped() -> None:
     assert chunk("late") not in b"".join(server.wire)
 
 
-# --- the sidecar's HTTP/1.1 server (sidecar.inbound) ---------------------------------------
+# --- the sidecar's HTTP/1.1 server (sidecar.servers.uvicorn_internals) ---------------------
 
 
 async def test_server_nowait_writes_chunked_frames_and_stops_at_flow_control() -> None:
@@ -313,7 +313,7 @@ async def test_head_requests_get_no_nowait() -> None:
     assert SEND_NOWAIT in get["extensions"]
 
 
-# --- the upstream connection (sidecar.h1.Body.push_to) --------------------------------------
+# --- the upstream connection (sidecar.upstream.h1.Body.push_to) --------------------------------------
 
 
 @pytest.mark.parametrize("accept", ["all", "none", "alternate"])

@@ -18,9 +18,9 @@ import pytest
 
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
+from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.server import build_guard
 from tests.clients import request
 from tests.servers import bound_socket, serve
 from tests.sseparse import comments, parse
@@ -274,6 +274,28 @@ async def test_admin_endpoints(emulator: tuple[int, Stats]) -> None:
         status, body = await get(port, "/readyz")
         assert status == 503 and json.loads(body)["status"] == "draining"
         assert (await get(port, "/nope"))[0] == 404
+
+
+async def test_admin_answers_json_errors_and_prometheus_text() -> None:
+    """The admin port's answers keep their shapes: Prometheus' text format for /metrics,
+    the JSON error body (never a framework's plain-text default) for an unknown path or a
+    wrong method, and no caching of JSON answers."""
+    dead = load(["--upstream", "http://127.0.0.1:9"], environ={})
+    admin = AdminApp(StreamRegistry(), UpstreamHealth(dead.upstream, "/health"), lambda: None)
+    async with serve(admin) as port:
+        answers = {}
+        for method, path in [("GET", "/metrics"), ("GET", "/nope"), ("GET", "/drain")]:
+            response = await request(port, method, path)
+            answers[path] = (response.status, response.header, await response.body())
+            response.close()
+    status, header, body = answers["/metrics"]
+    assert status == 200 and header("content-type") == "text/plain; version=0.0.4; charset=utf-8"
+    assert b"sidestream_active_streams 0" in body
+    for path, status, code in [("/nope", 404, "not_found"), ("/drain", 405, "method_not_allowed")]:
+        got, header, body = answers[path]
+        assert got == status and header("content-type") == "application/json"
+        assert header("cache-control") == "no-store"
+        assert json.loads(body)["error"]["code"] == code
 
 
 async def test_openai_sdk_streams_through_the_sidecar(emulator: tuple[int, Stats]) -> None:

@@ -90,7 +90,7 @@ def test_nofile_limit_is_raised_to_the_hard_limit() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]));"
-        "from sidecar.server import raise_nofile_limit; print(raise_nofile_limit())"
+        "from sidecar.app import raise_nofile_limit; print(raise_nofile_limit())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == hard

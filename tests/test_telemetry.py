@@ -27,7 +27,7 @@ from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry, semconv
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
-from sidecar.upstream import Upstream
+from sidecar.upstream.types import Upstream
 from tests import clients
 from tests.apps import DONE, ROLE, chunk, scripted
 from tests.servers import serve

@@ -52,8 +52,9 @@ from middleware.telemetry import Telemetry, semconv
 from middleware.telemetry.otlp import OTLPSpanExporter, encode_spans, plain_http_transport
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
-from sidecar.proxy import ProxyApp, inject_trace_context
-from sidecar.upstream import Upstream
+from sidecar.proxy import ProxyApp
+from sidecar.tracecontext import inject_trace_context
+from sidecar.upstream.types import Upstream
 from tests import clients
 from tests.servers import serve
 from tests.upstreams import EchoUpstream, header

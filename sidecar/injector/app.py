@@ -1,7 +1,8 @@
 """The injector's ASGI app: `POST /mutate` and `GET /livez`, plus the certificate watcher.
 
-Pure ASGI, no framework: two routes do not need one. The TLS certificate watcher runs
-as a lifespan task so that it lives exactly as long as the server.
+A Starlette app: the webhook is a cold path (one call per pod creation), so routing and
+responses are Starlette's. The TLS certificate watcher runs in the lifespan so that it
+lives exactly as long as the server.
 """
 
 from __future__ import annotations
@@ -9,6 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 from middleware.types import Receive, Scope, Send
 from sidecar.injector.review import BadReview, InvalidPolicy, review
@@ -31,69 +39,60 @@ class InjectorApp:
         self.default_image = default_image
         self.on_invalid: InvalidPolicy = on_invalid
         self.certificate = certificate
+        self._app = Starlette(
+            routes=[
+                Route("/livez", _livez, methods=["GET"]),  # HEAD too
+                Route("/mutate", self._mutate, methods=["POST"]),
+            ],
+            exception_handlers={404: _not_found, 405: _method_not_allowed},
+            lifespan=self._lifespan,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        method, path = scope["method"], scope["path"]
-        if path == "/livez" and method in ("GET", "HEAD"):
-            await _respond(send, 200, b"ok\n", "text/plain")
-        elif path == "/mutate" and method == "POST":
-            await self._mutate(receive, send)
-        elif path in ("/livez", "/mutate"):
-            await _respond(send, 405, b"method not allowed\n", "text/plain")
-        else:
-            await _respond(send, 404, b"not found\n", "text/plain")
+        await self._app(scope, receive, send)
 
-    async def _mutate(self, receive: Receive, send: Send) -> None:
+    async def _mutate(self, request: Request) -> Response:
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > MAX_BODY:
-                await _respond(send, 413, b"request body too large\n", "text/plain")
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    return PlainTextResponse("request body too large\n", 413)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody is left to read it: the server drops it
         try:
             body = json.loads(b"".join(chunks))
             if not isinstance(body, dict):
                 raise BadReview("expected a JSON object")
             answer = review(body, default_image=self.default_image, on_invalid=self.on_invalid)
         except (ValueError, BadReview) as error:  # json.JSONDecodeError is a ValueError
-            await _respond(send, 400, f"{error}\n".encode(), "text/plain")
-            return
-        await _respond(send, 200, json.dumps(answer).encode(), "application/json")
+            return PlainTextResponse(f"{error}\n", 400)
+        return JSONResponse(answer)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         watcher: asyncio.Task[None] | None = None
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                if self.certificate is not None:
-                    watcher = asyncio.create_task(self.certificate.watch())
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if watcher is not None:
-                    watcher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watcher
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        if self.certificate is not None:
+            watcher = asyncio.create_task(self.certificate.watch())
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def _livez(request: Request) -> Response:
+    return PlainTextResponse("ok\n")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse("not found\n", 404)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    allow = exc.headers if isinstance(exc, HTTPException) else None
+    return PlainTextResponse("method not allowed\n", 405, headers=allow)

@@ -1,37 +1,34 @@
-"""The one upstream origin: URL parsing, the `Pool` interface, and the pool per scheme.
+"""What every upstream client shares: the origin (`Upstream`), headers, the `Response`, and
+the `Pool` and `Exchange` interfaces the proxy talks to.
 
-HTTP/1.1 (`http://`, `unix:`) runs on `sidecar.h1pool.H1Pool`, an asyncio protocol on
-httptools; HTTP/2 prior knowledge (`h2c://`) runs on httpcore here.
-
-Deliberately not httpcore's `AsyncConnectionPool`: its `_assign_requests_to_connections`
-walks every connection for every request (quadratic; 75% of CPU at 600 concurrent
-streams). The HTTP/1.1 pool keeps idle connections in a LIFO deque (O(1) acquire and
-release); HTTP/2 multiplexes streams on the newest connection and opens another when that
-one is full.
-
-An `Exchange` is an async context manager around one request, yielding a `Response`.
-Leaving it normally returns the connection for reuse (when the response was fully read);
-leaving it with an exception — cancellation included — closes the HTTP/1.1 connection at
-once (a half-read connection is never reused) or ends the HTTP/2 stream (shielded).
+The clients (`sidecar.upstream.h1`/`h1pool` for HTTP/1.1, `sidecar.upstream.h2` for h2c)
+import this module and not each other; `sidecar.upstream.pools.make_pool` picks one.
 """
 
 from __future__ import annotations
 
 import types
 import urllib.parse
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import httpcore
-
-from sidecar.h1 import Headers, Response
-from sidecar.h1pool import H1Pool
-from sidecar.h2 import HTTP2Pool
+Headers = list[tuple[bytes, bytes]]
 
 Scheme = Literal["http", "h2c", "unix"]
 
 _SCHEMES: tuple[Scheme, ...] = ("http", "h2c", "unix")
+
+
+class Response:
+    """Status, headers (wire casing) and the body as an async iterator of chunks."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: Headers, body: AsyncIterator[bytes]) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
 
 
 @dataclass(frozen=True)
@@ -80,30 +77,15 @@ class Upstream:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}".encode("ascii")
 
-    @property
-    def origin(self) -> httpcore.Origin:
-        return httpcore.Origin(b"http", self.host.encode("ascii"), self.port)
-
-    def url(self, target: bytes) -> httpcore.URL:
-        return httpcore.URL(
-            scheme=b"http", host=self.host.encode("ascii"), port=self.port, target=target
-        )
-
     def __str__(self) -> str:
         if self.scheme == "unix":
             return f"unix:{self.path}"
         return f"{self.scheme}://{self.authority.decode()}"
 
 
-async def _connect(
-    upstream: Upstream, backend: httpcore.AsyncNetworkBackend, connect_timeout: float
-) -> httpcore.AsyncNetworkStream:
-    if upstream.path is not None:
-        return await backend.connect_unix_socket(upstream.path, timeout=connect_timeout)
-    return await backend.connect_tcp(upstream.host, upstream.port, timeout=connect_timeout)
-
-
 class Exchange(Protocol):
+    """One request: entering sends it and yields the `Response` once its head is in."""
+
     async def __aenter__(self) -> Response: ...
 
     async def __aexit__(
@@ -115,6 +97,8 @@ class Exchange(Protocol):
 
 
 class Pool(Protocol):
+    """The connections to the one upstream origin."""
+
     def exchange(
         self,
         method: bytes,
@@ -124,16 +108,3 @@ class Pool(Protocol):
     ) -> Exchange: ...
 
     async def aclose(self) -> None: ...
-
-
-def make_pool(upstream: Upstream, *, connect_timeout: float = 10.0, max_idle: int = 256) -> Pool:
-    """The connection manager for an upstream: HTTP/1.1 for http/unix, HTTP/2 for h2c."""
-    if upstream.scheme == "h2c":
-        return HTTP2Pool(upstream, connect_timeout=connect_timeout)
-    return H1Pool(
-        upstream.host,
-        upstream.port,
-        path=upstream.path,
-        connect_timeout=connect_timeout,
-        max_idle=max_idle,
-    )

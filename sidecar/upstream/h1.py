@@ -1,8 +1,8 @@
 """One HTTP/1.1 upstream connection: an asyncio protocol on httptools' C parser (llhttp).
 
-Built for the per-chunk hot path (httpcore + anyio cost ~30 us and ~150 Python calls per
-chunk): a TCP read is parsed in C, body pieces land in a list through `list.append`, and
-a waiting consumer is woken through one Future. `Response.body` takes everything received
+Built for the per-chunk hot path, where httpcore + anyio spend many Python calls per chunk:
+a TCP read is parsed in C, body pieces land in a list through `list.append`, and a waiting
+consumer is woken through one Future. `Response.body` takes everything received
 so far as one chunk (one TCP read's body, never held back to coalesce more).
 
 Flow control both ways, no unbounded buffer: body bytes that arrive while the consumer is
@@ -19,28 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 from typing import cast
 
 import httptools
 
 from middleware.errors import UpstreamProtocolError
 from middleware.types import SendNowait
+from sidecar.upstream.types import Headers
 
 MAX_HEAD_BYTES = 65536
-
-Headers = list[tuple[bytes, bytes]]
-
-
-class Response:
-    """Status, headers (wire casing) and the body as an async iterator of chunks."""
-
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(self, status: int, headers: Headers, body: AsyncIterator[bytes]) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
 
 
 class _Refused(Exception):

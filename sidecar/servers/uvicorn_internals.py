@@ -1,9 +1,29 @@
-"""The traffic listener's HTTP/1.1 protocol: uvicorn's httptools protocol with a head deadline.
+"""Every use of uvicorn's private internals: the traffic listener's HTTP/1.1 protocol and the
+servers' main loop.
 
-uvicorn reads a request head for as long as the client cares to trickle it, and lets the
-head grow without bound before the app sees it: one slowloris client per file descriptor
-holds the sidecar open forever. This subclass adds what nginx calls `client_header_timeout`
-and `large_client_header_buffers`:
+Checked against uvicorn 0.55.0 (`CHECKED`). Gate: a runtime check, `checked()` — the
+version's major.minor is one checked and every hook overridden here still exists. When it
+says no, `sidecar.servers.uvicorn_listener` serves with the public path instead — uvicorn's
+own `http="httptools"` protocol and main loop — and logs one line at start. A runtime gate,
+not a bound in pyproject, because that public path serves every stream correctly: what it
+loses is the `sidestream.send_nowait` fast path and the request-head limits below, not
+correctness, and an upper bound would block users from uvicorn's own fixes.
+
+Private names used (only when the gate says yes, except `capture_signals`):
+- `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`: subclassed; its
+  `data_received`, `on_message_begin`, `on_headers_complete`, `connection_made`,
+  `connection_lost` and `_unsupported_upgrade_warning` overridden; its `parser`, `cycle`,
+  `scope`, `loop` and `transport` read.
+- `RequestResponseCycle`: `flow.write_paused`, `disconnected`, `response_complete`,
+  `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension.
+- `uvicorn.Server`: `capture_signals` (replaced on both paths: uvicorn has no public switch
+  for its signal handlers, and the sidecar decides what a signal means — drain first),
+  `main_loop` and `on_tick` (replaced only behind the gate).
+
+The traffic protocol adds what nginx calls `client_header_timeout` and
+`large_client_header_buffers`. uvicorn reads a request head for as long as the client
+cares to trickle it, and lets the head grow without bound before the app sees it: one
+slowloris client per file descriptor holds the sidecar open forever. So:
 
 - a request head (request line and headers) must be complete within `header_timeout`
   seconds of the connection opening, or of its first byte on a kept-alive connection
@@ -22,12 +42,40 @@ request exists yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Generator
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from middleware.types import SEND_NOWAIT, SendNowait
+from sidecar.servers.listener import ExitEvent
+
+CHECKED = ("0.55",)  # uvicorn major.minor releases these internals were read in
+
+_PROTOCOL_HOOKS = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "on_message_begin",
+    "on_headers_complete",
+    "_unsupported_upgrade_warning",
+)
+_SERVER_HOOKS = ("capture_signals", "main_loop", "on_tick")
+
+
+def checked(version: str | None = None) -> bool:
+    """Is `version` (default: the installed uvicorn) one these internals were checked
+    against, with every hook this module overrides still there?"""
+    version = uvicorn.__version__ if version is None else version
+    if ".".join(version.split(".")[:2]) not in CHECKED:
+        return False
+    hooks = [getattr(HttpToolsProtocol, name, None) for name in _PROTOCOL_HOOKS]
+    hooks += [getattr(uvicorn.Server, name, None) for name in _SERVER_HOOKS]
+    return all(callable(hook) for hook in hooks)
+
 
 _REASONS = {
     405: b"Method Not Allowed",
@@ -163,3 +211,29 @@ def protocol_class(
         (GuardedHttpToolsProtocol,),
         {"header_timeout": header_timeout, "max_head_bytes": max_head_bytes},
     )
+
+
+class QuietServer(ExitEvent, uvicorn.Server):
+    """uvicorn without its own signal handlers: the Sidecar decides what a signal means. Its
+    main loop is uvicorn's own, which polls `should_exit` (the public path's server)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._exit = asyncio.Event()
+        super().__init__(config)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class EventServer(QuietServer):
+    """`QuietServer` without uvicorn's 10 Hz poll of `should_exit`: the main loop waits on
+    the event the flag sets, so an idle sidecar is never woken (the wake-ups of two polling
+    servers showed up in benchmark windows). uvicorn's tick also refreshes the date header
+    once a second; the sidecar sends none."""
+
+    async def main_loop(self) -> None:
+        # One tick sets the default headers (none: no date, no server header); uvicorn's other
+        # per-tick duty, `limit_max_requests`, is never configured by the sidecar.
+        await self.on_tick(0)
+        await self._exit.wait()

@@ -1,123 +1,37 @@
-"""The HTTP/2 upstream (`h2c://`, prior knowledge): a pool of multiplexed connections, on an
-httpcore connection that ends abandoned streams properly.
+"""The HTTP/2 upstream (`h2c://`, prior knowledge): a pool of multiplexed connections.
 
-httpcore 1.0.x never resets a stream whose response is closed early (encode/httpcore#1022;
-the fix proposed upstream is PR #1098): `_response_closed` frees httpcore's own stream slot
-but h2 still counts the stream as open, the upstream keeps generating for nobody, and after
-enough cancellations h2 refuses new streams with `Max outbound streams is 100, 100 open`
-on a connection that is nearly idle. `Connection` overrides that one step: a stream still
-open in h2 is reset with `RST_STREAM(CANCEL)` first — synchronously, so no cancellation can
-come between — and the frame is flushed at once. This covers both early exits: a request
-abandoned before its response headers (httpcore's own `except` path) and a response closed
-mid-body.
+Each connection is `httpcore_internals.Connection`: httpcore's HTTP/2 connection with
+`RST_STREAM(CANCEL)` for abandoned streams and a bounded receive window per stream (see
+there for why, and for the httpcore versions it was checked against). This module uses
+only its public surface.
 
-Deliberate surprises (do not "fix"):
-- The flush after a reset waits for the write lock at most `FLUSH_TIMEOUT`: the lock may
-  be held by a stream blocked on a full socket. Past that the frame stays queued in h2 and
-  leaves with the next write; the stream counts are already right either way.
-- Each stream's receive window is `stream_window` (256 KiB), not httpcore's 16 MiB: httpcore
-  acknowledges data only when the stream's reader takes it, so the window is what bounds
-  the frames buffered for a stream whose client is slow — and what pauses the upstream for
-  that stream alone. The connection window stays large, so one slow stream cannot stall
-  the others.
-- Uses httpcore 1.0.x internals (`_h2_state`, `_write_lock`, `_network_stream`,
-  `_send_request_headers`, `_response_closed`); tests/test_http2.py fails if they move.
+Each stream's receive window is `STREAM_WINDOW` (256 KiB), not httpcore's 16 MiB: it is
+what bounds the frames buffered for one slow client's stream and pauses the upstream for
+that stream alone.
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import AsyncIterable
-from typing import TYPE_CHECKING
 
 import anyio
-import h2.exceptions
 import httpcore
-from h2.errors import ErrorCodes
-from httpcore._async.http2 import has_body_headers
 
-from sidecar.h1 import Headers, Response
-
-if TYPE_CHECKING:
-    from sidecar.upstream import Upstream
+from sidecar.upstream.httpcore_internals import Connection
+from sidecar.upstream.types import Headers, Response, Upstream
 
 STREAM_WINDOW = 256 * 1024
-FLUSH_TIMEOUT = 1.0
-_DEFAULT_WINDOW = 65535  # RFC 9113 initial window; httpcore leaves SETTINGS at the default
 
 
-class Connection(httpcore.AsyncHTTP2Connection):
-    """httpcore's HTTP/2 connection, with `RST_STREAM(CANCEL)` for abandoned streams and a
-    bounded receive window per stream."""
+def _origin(upstream: Upstream) -> httpcore.Origin:
+    return httpcore.Origin(b"http", upstream.host.encode("ascii"), upstream.port)
 
-    def __init__(
-        self,
-        origin: httpcore.Origin,
-        stream: httpcore.AsyncNetworkStream,
-        *,
-        stream_window: int = STREAM_WINDOW,
-    ) -> None:
-        super().__init__(origin, stream)
-        self.stream_window = stream_window
-        self.resets_sent = 0
 
-    @property
-    def open_streams(self) -> int:
-        """Streams h2 counts as open towards the upstream (what `Max outbound streams` checks)."""
-        return int(self._h2_state.open_outbound_streams)
-
-    async def _send_request_headers(self, request: httpcore.Request, stream_id: int) -> None:
-        # httpcore's version, with the stream window raised to `stream_window` (not 16 MiB).
-        end_stream = not has_body_headers(request)
-        authority = next(v for k, v in request.headers if k.lower() == b"host")
-        headers = [
-            (b":method", request.method),
-            (b":authority", authority),
-            (b":scheme", request.url.scheme),
-            (b":path", request.url.target),
-        ] + [
-            (k.lower(), v)
-            for k, v in request.headers
-            if k.lower() not in (b"host", b"transfer-encoding")
-        ]
-        self._h2_state.send_headers(stream_id, headers, end_stream=end_stream)
-        if self.stream_window > _DEFAULT_WINDOW:
-            increment = self.stream_window - _DEFAULT_WINDOW
-            self._h2_state.increment_flow_control_window(increment, stream_id=stream_id)
-        await self._write_outgoing_data(request)
-
-    async def _response_closed(self, stream_id: int) -> None:
-        reset = self._reset_if_open(stream_id)
-        await super()._response_closed(stream_id)
-        if reset:
-            await self._flush()
-
-    def _reset_if_open(self, stream_id: int) -> bool:
-        """Reset a stream h2 still holds open; True when a RST_STREAM was queued."""
-        stream = self._h2_state.streams.get(stream_id)
-        if stream is None or stream.closed:
-            return False
-        try:
-            self._h2_state.reset_stream(stream_id, ErrorCodes.CANCEL)
-        except h2.exceptions.ProtocolError:  # the connection itself is closed: nothing to end
-            return False
-        self.resets_sent += 1
-        return True
-
-    async def _flush(self) -> None:
-        """Write what h2 has queued, now; bounded wait, never raises (cleanup path)."""
-        if self._write_exception is not None or self.is_closed():
-            return
-        with anyio.move_on_after(FLUSH_TIMEOUT):
-            async with self._write_lock:
-                data = self._h2_state.data_to_send()
-                if not data:
-                    return
-                try:
-                    await self._network_stream.write(data)
-                except Exception as exc:
-                    self._write_exception = exc
-                    self._connection_error = True
+def _url(upstream: Upstream, target: bytes) -> httpcore.URL:
+    return httpcore.URL(
+        scheme=b"http", host=upstream.host.encode("ascii"), port=upstream.port, target=target
+    )
 
 
 class HTTP2Pool:
@@ -148,7 +62,7 @@ class HTTP2Pool:
         headers: Headers,
         body: AsyncIterable[bytes] | None = None,
     ) -> HTTP2Exchange:
-        url = self.upstream.url(target)
+        url = _url(self.upstream, target)
         return HTTP2Exchange(self, httpcore.Request(method, url, headers=headers, content=body))
 
     @property
@@ -171,7 +85,7 @@ class HTTP2Pool:
                         self.upstream.host, self.upstream.port, timeout=self.connect_timeout
                     )
                     self._current = Connection(
-                        self.upstream.origin, stream, stream_window=self.stream_window
+                        _origin(self.upstream), stream, stream_window=self.stream_window
                     )
                     self._active[self._current] = 0
         assert self._current is not None

@@ -20,7 +20,8 @@ import types
 from collections.abc import AsyncIterable, AsyncIterator
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
-from sidecar.h1 import Body, H1Connection, Headers, Response, encode_head
+from sidecar.upstream.h1 import Body, H1Connection, encode_head
+from sidecar.upstream.types import Headers, Response
 
 
 class H1Pool:

@@ -1,0 +1,6 @@
+"""The traffic and admin listeners: uvicorn (HTTP/1.1) and hypercorn (`--http2`) adapters.
+
+`listener` is what the sidecar needs of either; `uvicorn_listener` and `hypercorn_listener`
+build them; every use of a server's private internals sits in `uvicorn_internals` or
+`hypercorn_internals`, each behind a version gate with a fallback to the public path.
+"""

@@ -1,0 +1,83 @@
+"""The hypercorn adapter: the traffic listener with `--http2`.
+
+HTTP/1.1 and HTTP/2 on the same port — h2c with prior knowledge in cleartext, ALPN
+`h2`/`http/1.1` with TLS. hypercorn's asyncio `serve()` runs behind uvicorn.Server's three
+flags, so the sidecar drives both servers alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from sidecar.config import Settings
+from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers
+from sidecar.servers.listener import ExitEvent
+
+logger = logging.getLogger("sidestream")
+
+
+class HypercornListener(ExitEvent):
+    """hypercorn's asyncio `serve()` behind uvicorn.Server's three flags.
+
+    The socket is bound here (or given, bound, by a test), before hypercorn starts, so a
+    port in use fails like uvicorn (logged, exit status 1), and `started` means listening.
+    `should_exit` fires hypercorn's `shutdown_trigger`; `force_exit` drops its graceful wait.
+    """
+
+    def __init__(self, app: Any, settings: Settings, sock: socket.socket | None = None) -> None:
+        from hypercorn.config import Config
+
+        self.app = app
+        self.settings = settings
+        self.sock = sock
+        self.port = settings.listen[1]
+        self.config = config = Config()
+        config.backlog = 4096
+        config.certfile, config.keyfile = settings.certfile, settings.keyfile
+        config.alpn_protocols = ["h2", "http/1.1"]
+        config.h11_max_incomplete_size = settings.max_header_bytes + 1024
+        # Above the proxy's own limit, so an oversized header list gets its 431, not a reset.
+        config.h2_max_header_list_size = max(2**16, settings.max_header_bytes + 4096)
+        config.include_server_header = False
+        config.include_date_header = False
+        config.graceful_timeout = 1.0
+        # hypercorn 0.18 answers HTTP/2 request 1001 on a connection with GOAWAY naming that
+        # very stream, then cannot send its response: the request is lost. Never close for
+        # a request count (uvicorn does not either).
+        config.keep_alive_max_requests = 2**31
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.loglevel = settings.log_level.upper()
+        self.started = False
+        self._exit = asyncio.Event()
+
+    @property
+    def force_exit(self) -> bool:
+        return self.config.graceful_timeout == 0
+
+    @force_exit.setter
+    def force_exit(self, value: bool) -> None:
+        if value:  # read by hypercorn once its shutdown_trigger has fired
+            self.config.graceful_timeout = 0.0
+
+    async def serve(self) -> None:
+        from hypercorn.asyncio import serve
+
+        sock = self.sock
+        if sock is None:
+            host, port = self.settings.listen
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            try:
+                sock = socket.create_server((host, port), family=family, backlog=4096)
+            except OSError as exc:
+                logger.error("cannot listen on %s:%d: %s", host, port, exc)
+                return
+        self.port = sock.getsockname()[1]
+        sock.setblocking(False)
+        self.config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns and closes it
+        bound_h2_stream_buffers()
+        self.started = True
+        await serve(self.app, self.config, shutdown_trigger=self._exit.wait)
