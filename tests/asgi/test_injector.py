@@ -1,6 +1,7 @@
 """The injection webhook: AdmissionReview fixtures through the ASGI app, patches applied
-with jsonpatch and the result validated against Kubernetes 1.33, plus certificate reload
-over real TLS sockets."""
+with jsonpatch and the result validated against Kubernetes 1.33, and certificate files read
+for reload. Over real sockets: tests/sockets/test_injector_sockets.py; the drain hook's
+script as a process: tests/system/test_injector_drain_hook.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import copy
 import datetime
 import json
 import os
-import ssl
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,9 @@ from sidecar.injector import (
     parse_settings,
     required_grace_period,
 )
-from sidecar.injector.__main__ import _Config, parse_args
-from sidecar.injector.patch import _DRAIN_SCRIPT, ADMIN_PORT_NAME, CONTAINER_NAME, PORT_NAME
+from sidecar.injector.__main__ import parse_args
+from sidecar.injector.patch import ADMIN_PORT_NAME, CONTAINER_NAME, PORT_NAME
 from sidecar.injector.tls import ReloadingCertificate
-from tests.support.clients import read_response, request
-from tests.support.servers import _QuietUvicorn, bound_socket, serve
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).parents[2]
@@ -426,18 +423,6 @@ async def test_http_routes_and_bad_requests() -> None:
     assert (await call(app, "POST", "/mutate", b" " * (5 * 1024 * 1024)))[0] == 413
 
 
-async def test_plain_http_over_a_real_socket() -> None:
-    """Without certificate flags the app serves plain HTTP under uvicorn."""
-    async with serve(InjectorApp()) as port:
-        body = json.dumps(fixture("plain")).encode()
-        response = await request(
-            port, "POST", "/mutate", body=body, headers=[("Content-Type", "application/json")]
-        )
-        assert response.status == 200
-        assert json.loads(await response.body())["response"]["patchType"] == "JSONPatch"
-        response.close()
-
-
 def test_cli_arguments() -> None:
     """--listen is HOST:PORT; --certfile and --keyfile go together."""
     args = parse_args(["--listen", "127.0.0.1:9443", "--on-invalid", "deny"])
@@ -451,39 +436,6 @@ def test_cli_arguments() -> None:
         parse_args(["--certfile", "cert.pem"])
     with pytest.raises(SystemExit):
         parse_args(["--listen", "9443"])
-
-
-# --- the drain hook ----------------------------------------------------------------------------
-
-
-async def test_drain_hook_posts_drain_then_waits_for_the_sidecar_to_exit() -> None:
-    """The app container's preStop script POSTs /drain, then returns once the admin port
-    stops answering (the sidecar exited), well before its wait budget."""
-    seen: list[tuple[str, str]] = []
-    stopped = asyncio.Event()
-
-    async def admin(scope: JSON, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        seen.append((scope["method"], scope["path"]))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 202 if scope["path"] == "/drain" else 200,
-                "headers": [],
-            }
-        )
-        await send({"type": "http.response.body", "body": b""})
-        if scope["path"] == "/livez":
-            stopped.set()  # the sidecar "exits" after its first post-drain health check
-
-    async with serve(admin) as port:
-        script = _DRAIN_SCRIPT.format(admin_port=port, propagation=0, wait=30)
-        hook = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
-        await asyncio.wait_for(stopped.wait(), 10)
-    # The server is gone: the hook's next /livez fails and it returns at once.
-    assert await asyncio.wait_for(hook.wait(), 10) == 0
-    assert seen[:2] == [("POST", "/drain"), ("GET", "/livez")]
 
 
 # --- TLS certificate reload ------------------------------------------------------------------
@@ -516,64 +468,6 @@ def write_pair(
         (directory / f".{filename}.new").write_bytes(data)
         os.replace(directory / f".{filename}.new", directory / filename)
     return cert_pem, key_pem
-
-
-def client_context(cert_pem: bytes) -> ssl.SSLContext:
-    context = ssl.create_default_context(cadata=cert_pem.decode())
-    return context
-
-
-async def livez_over_tls(
-    port: int, context: ssl.SSLContext
-) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", port, ssl=context, server_hostname="localhost"
-    )
-    writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    response = await read_response(reader, writer)
-    await response.body()
-    return response.status, reader, writer
-
-
-async def test_certificate_reload_without_restart(tmp_path: Path) -> None:
-    """New certificate files are picked up by new handshakes; a connection opened before
-    the rotation keeps working; the server never restarts."""
-    cert_a, _ = write_pair(tmp_path, "injector-a")
-    certificate = ReloadingCertificate(tmp_path / "tls.crt", tmp_path / "tls.key", interval=0.02)
-    app = InjectorApp(certificate=certificate)
-    config = _Config(app, context=certificate.context, lifespan="on", log_level="warning")
-    sock = bound_socket()
-    port = sock.getsockname()[1]
-    server = _QuietUvicorn(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            assert not task.done()
-            await asyncio.sleep(0.005)
-        status, reader, writer = await livez_over_tls(port, client_context(cert_a))
-        assert status == 200
-
-        cert_b, _ = write_pair(tmp_path, "injector-b")
-        for _ in range(500):
-            if certificate.reloads:
-                break
-            await asyncio.sleep(0.01)
-        assert certificate.reloads == 1
-
-        status, _, new_writer = await livez_over_tls(port, client_context(cert_b))
-        assert status == 200
-        new_writer.close()
-        with pytest.raises(ssl.SSLCertVerificationError):
-            await livez_over_tls(port, client_context(cert_a))
-
-        writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")  # the old connection
-        assert (await read_response(reader, writer)).status == 200
-        writer.close()
-        assert not task.done()
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
-        sock.close()
 
 
 def test_half_rotated_pair_keeps_the_old_certificate(tmp_path: Path) -> None:
