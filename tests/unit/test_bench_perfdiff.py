@@ -1,10 +1,10 @@
-"""`bench.perfdiff` reads `perf report`'s separated output and says where B's extra samples are."""
+"""`bench.lab.perfdiff` reads `perf report`'s separated output and says where B's extra samples are."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from bench.perfdiff import by_object, compare, parse_report
+from bench.lab.perfdiff import by_object, compare, parse_report
 
 # `perf report --no-children --sort dso,sym -n -t '|'`, as perf 6.x prints it (abridged).
 REPORT = """\

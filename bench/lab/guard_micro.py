@@ -1,6 +1,6 @@
 """StreamGuard's own cost per relayed chunk, at the ASGI level (no sockets, no server).
 
-`python -m bench.guard_micro` pushes 100,000 OpenAI chat chunks from an app to a no-op
+`python -m bench.lab.guard_micro` pushes 100,000 OpenAI chat chunks from an app to a no-op
 `send`: bare, wrapped in StreamGuard with telemetry off, and with telemetry on (a span and
 metrics per stream, every event observed). It prints CPU microseconds per chunk.
 """

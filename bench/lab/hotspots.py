@@ -1,7 +1,7 @@
-"""`python -m bench.hotspots [--target T] [--tokens N] [--reps R]`: where the running sidecar's
+"""`python -m bench.lab.hotspots [--target T] [--tokens N] [--reps R]`: where the running sidecar's
 time goes, function by function, under scenario a.
 
-`bench.instructions` and `bench.telemetry_cost` count code run with warm caches. In the
+`bench.lab.instructions` and `bench.lab.telemetry_cost` count code run with warm caches. In the
 running sidecar a token's work meets caches that the kernel's TCP path and 49 other streams
 have just used, and the same Python costs several times more: `Frame.matches` takes ~0.5 µs
 per call in a loop and 1.2-1.8 µs here. This starts sidestream through a wrapper that times
@@ -108,7 +108,7 @@ def child(out: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hotspots", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.lab.hotspots", description=__doc__)
     parser.add_argument("--target", default="sidestream+otel", help="sidestream or sidestream+otel")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
@@ -125,7 +125,7 @@ def main() -> int:
             out = Path(tmp) / f"rep{rep}.tsv"
             os.environ[OUT] = str(out)
             try:
-                with session(args.target, sink, module="bench.hotspots") as s:
+                with session(args.target, sink, module="bench.lab.hotspots") as s:
                     window = time.monotonic()
                     figures = scenarios.paced(s, tokens=args.tokens)
                     window_end = time.monotonic()

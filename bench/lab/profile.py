@@ -1,4 +1,4 @@
-"""`python -m bench.profile [paced|flood] [SECONDS]`: py-spy profile of sidestream under load.
+"""`python -m bench.lab.profile [paced|flood] [SECONDS]`: py-spy profile of sidestream under load.
 
 Needs `py-spy` (`pip install py-spy`; not a dependency). Starts the emulator and sidestream
 as the benchmark does, runs scenario a (paced) or b (flood) while `py-spy record` samples

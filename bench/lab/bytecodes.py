@@ -1,7 +1,7 @@
-"""`python -m bench.bytecodes [--setup S] [--unstamped] [--top N]`: the Python bytecodes a
+"""`python -m bench.lab.bytecodes [--setup S] [--unstamped] [--top N]`: the Python bytecodes a
 telemetry setup adds per relayed token and per stream, function by function.
 
-Streams go through StreamGuard in-process exactly as in `bench.telemetry_cost` (setup `S`,
+Streams go through StreamGuard in-process exactly as in `bench.lab.telemetry_cost` (setup `S`,
 default `encode`: what the sidecar runs, against `off`), with `sys.settrace` counting every
 bytecode executed, by function (`f_trace_opcodes`; the span processor's thread included).
 Three runs per setup — no stream, 10 streams x 5 tokens, 10 x 105 — give per token (the
@@ -9,7 +9,7 @@ slope) and per stream (the rest), after one run of each setup for imports and fi
 
 Counts, not time, and only the interpreter's: a bytecode costs a few to a few hundred
 instructions, and the C behind a call (bytes methods, json, struct) is not counted here;
-`bench.instructions` and `bench.telemetry_cost` count that. Deterministic (the same code
+`bench.lab.instructions` and `bench.lab.telemetry_cost` count that. Deterministic (the same code
 gives the same counts) and quick: the A/B tool for where telemetry's Python goes.
 """
 
@@ -23,13 +23,13 @@ from collections import Counter
 from types import FrameType
 from typing import Any
 
-from bench.telemetry_cost import SETUPS, run
+from bench.lab.telemetry_cost import SETUPS, run
 
 Counts = Counter[tuple[str, str]]  # (file, qualified function name) -> bytecodes
 
 
 def count(setup: str, streams: int, tokens: int, stamped: bool) -> Counts:
-    """Bytecodes run by `bench.telemetry_cost.run` for this setup and load."""
+    """Bytecodes run by `bench.lab.telemetry_cost.run` for this setup and load."""
     counts: Counts = Counter()
 
     def local(frame: FrameType, event: str, arg: Any) -> Any:
@@ -66,7 +66,7 @@ def rates(setup: str, stamped: bool) -> dict[tuple[str, str], tuple[float, float
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bytecodes", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.lab.bytecodes", description=__doc__)
     parser.add_argument("--setup", default="encode", choices=[s for s in SETUPS if s != "off"])
     parser.add_argument("--unstamped", action="store_true", help="vLLM's chunk shape")
     parser.add_argument("--top", type=int, default=25, help="functions listed (default 25)")

@@ -1,6 +1,6 @@
-"""`python -m bench.telemetry_cost`: what each part of telemetry costs, in CPU instructions.
+"""`python -m bench.lab.telemetry_cost`: what each part of telemetry costs, in CPU instructions.
 
-`bench.instructions` counts the whole sidecar; this splits telemetry's share. Streams of
+`bench.lab.instructions` counts the whole sidecar; this splits telemetry's share. Streams of
 OpenAI chat chunks (the emulator's stamped shape, or vLLM's with `--unstamped`) go through
 StreamGuard in-process — request body read, role chunk, tokens through the `send_nowait`
 path the sidecar uses, finish + usage + [DONE] — under callgrind, in these setups:
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.instructions import callgrind_total
+from bench.lab.instructions import callgrind_total
 from bench.targets import PY, ROOT
 from sidecar.emulator.frames import DONE, END, STAMP_END, Frames
 from sidecar.emulator.plan import Headers, plan_post
@@ -180,7 +180,7 @@ async def run(setup: str, streams: int, tokens: int, stamped: bool) -> None:
 def counted(setup: str, streams: int, tokens: int, stamped: bool, workdir: Path) -> int:
     out = workdir / f"{setup}.{streams}.{tokens}.out"
     argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-    argv += [PY, "-m", "bench.telemetry_cost", "--child", setup, str(streams), str(tokens)]
+    argv += [PY, "-m", "bench.lab.telemetry_cost", "--child", setup, str(streams), str(tokens)]
     argv += [] if stamped else ["--unstamped"]
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
     return callgrind_total([out])

@@ -1,4 +1,4 @@
-"""`python -m bench.instructions [--otel] [--streams N] [--tokens T,T2]`: CPU instructions the
+"""`python -m bench.lab.instructions [--otel] [--streams N] [--tokens T,T2]`: CPU instructions the
 sidecar spends per relayed token and per stream, counted by callgrind.
 
 Wall-clock CPU on a shared machine moves by ±15% between runs; instruction counts do not

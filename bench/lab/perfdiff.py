@@ -1,4 +1,4 @@
-"""`python -m bench.perfdiff [--targets A,B] [--rounds N] [--reps R]`: where the CPU that
+"""`python -m bench.lab.perfdiff [--targets A,B] [--rounds N] [--reps R]`: where the CPU that
 target B spends over target A goes — kernel included — by shared object and by symbol.
 
 py-spy and the instruction counters see only the Python side; on this kind of machine the
@@ -14,7 +14,7 @@ the benchmark's figures do; what this tells is where a difference lies, not how 
 (that is `bench.paced`'s job). Needs `perf` (Debian: `linux-perf`) and permission to attach
 to the proxy (root, or `kernel.perf_event_paranoid` <= 1). Takes about a minute a round.
 
-    python -m bench.perfdiff --targets sidestream,sidestream+otel --rounds 4 --reps 3
+    python -m bench.lab.perfdiff --targets sidestream,sidestream+otel --rounds 4 --reps 3
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def compare(a: Samples, b: Samples, names: tuple[str, str], top: int = 25) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.perfdiff", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.lab.perfdiff", description=__doc__)
     parser.add_argument("--targets", default="sidestream,sidestream+otel", help="A,B")
     parser.add_argument("--rounds", type=int, default=4, help="rounds (default 4)")
     parser.add_argument("--reps", type=int, default=3, help="scenario a runs a round (default 3)")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.reps < 1:
         parser.error("rounds and reps must be at least 1")
     if shutil.which("perf") is None:
-        print("bench.perfdiff needs perf (apt-get install linux-perf)", file=sys.stderr)
+        print("bench.lab.perfdiff needs perf (apt-get install linux-perf)", file=sys.stderr)
         return 1
     totals: dict[str, Samples] = {t: Counter() for t in names}
     with otlp_sink() as sink, ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
