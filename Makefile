@@ -26,8 +26,12 @@ run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on l
 	$(BIN)/python -m sidecar.demo
 
 .PHONY: test
-test: $(STAMP) ## Run the test suite with coverage.
+test: $(STAMP) ## Run the whole test suite (unit, asgi, sockets, system) with coverage.
 	$(BIN)/pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: $(STAMP) ## Run the unit and asgi tiers only (no sockets, no processes; seconds).
+	$(BIN)/pytest tests/unit tests/asgi $(PYTEST_ARGS)
 
 .PHONY: soak
 soak: $(STAMP) ## Soak: 2 min of mixed traffic at 300 streams (aborts, upstream failures, slow readers); fails on a leak. SOAK_ARGS="--duration 600"

@@ -1,7 +1,7 @@
 """Soak: mixed traffic through the sidecar for a bounded time, then check that nothing leaked.
 
 `python -m bench.soak --duration 120 --concurrency 300` (or `make soak`) runs, in one
-process and one loop: `tests.faulty.FaultyUpstream`, the sidecar exactly as `python -m
+process and one loop: `tests.support.faulty.FaultyUpstream`, the sidecar exactly as `python -m
 sidecar` builds it (under uvicorn on 127.0.0.1), and `concurrency` client workers. Each
 request is one of: normal, slow reader (pauses between reads), client abort (FIN or RST
 mid-stream, 10%), upstream failure (FIN, RST or a truncated chunk mid-stream, 5%).
@@ -11,7 +11,7 @@ RSS within a margin of the baseline; file descriptors and asyncio tasks back at 
 baseline (idle keep-alive connections to the upstream are legitimate and factored out:
 each costs two descriptors and one upstream task in this process); every request has
 exactly one outcome and it is the one its kind implies; every client saw a well-formed end.
-Outcomes come from `tests.faulty.record_outcomes` until telemetry's log line exists.
+Outcomes come from `tests.support.faulty.record_outcomes` until telemetry's log line exists.
 Exits 1 and lists the problems when a check fails. It stops by itself after `--duration`.
 """
 
@@ -35,10 +35,10 @@ from middleware.errors import Outcome
 from middleware.registry import StreamRegistry
 from sidecar.app import build_guard
 from sidecar.config import load
-from tests.clients import request
-from tests.faulty import FaultyUpstream, record_outcomes
-from tests.servers import serve
-from tests.sseparse import parse
+from tests.support.clients import request
+from tests.support.faulty import FaultyUpstream, record_outcomes
+from tests.support.servers import serve
+from tests.support.sseparse import parse
 
 CHAT = "/v1/chat/completions"
 BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'

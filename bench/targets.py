@@ -138,7 +138,7 @@ class Session:
     proxy: subprocess.Popen[bytes] | None = None
     settle_s: float = 0.0  # idle time after a load that still belongs to its CPU window
     exported: bool = False  # sidestream+otel: the warm-up's spans reached the sink
-    module: str = "sidecar"  # what `python -m` runs as sidestream (bench.hotspots wraps it)
+    module: str = "sidecar"  # what `python -m` runs as sidestream (bench.lab.hotspots wraps it)
 
     def spawn(
         self,

@@ -1,0 +1,208 @@
+"""The gates in front of each dependency's private internals (`sidecar.servers.uvicorn_internals`,
+`sidecar.servers.hypercorn_internals`, `sidecar.upstream.httpcore_internals`).
+
+Each gate is checked both ways: the installed release is one the internals were checked
+against (so an upgrade that moves them shows up here, not in production), and when the gate
+says no the sidecar still serves a stream correctly on the dependency's public path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import tomllib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpcore
+import httpx
+import pytest
+import uvicorn
+
+from middleware.registry import StreamRegistry
+from middleware.types import SEND_NOWAIT, Receive, Scope, Send
+from sidecar.app import build_guard
+from sidecar.config import load
+from sidecar.emulator import Stats, make_app
+from sidecar.servers import hypercorn_internals, uvicorn_internals
+from sidecar.servers.hypercorn_listener import HypercornListener
+from sidecar.servers.uvicorn_listener import traffic_server, use_internals
+from sidecar.upstream import httpcore_internals
+from sidecar.upstream.pools import make_pool
+from sidecar.upstream.types import Upstream
+from tests.support.clients import request
+from tests.support.servers import bound_socket, serve, wait_listening
+from tests.support.sseparse import parse
+
+STREAM = "/v1/stream?ttft_ms=0&itl_ms=1&tokens={tokens}"
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def complete(body: bytes, tokens: int) -> bool:
+    """`body` is a whole emulator stream of `tokens` content events, then [DONE]."""
+    events = [event[1] for event in parse(body)]
+    return events[-1] == "[DONE]" and len(events) >= tokens + 1
+
+
+# --- uvicorn -------------------------------------------------------------------------------
+
+
+def test_the_installed_uvicorn_is_a_checked_release() -> None:
+    """The gate says yes for the uvicorn installed here and no for releases nobody checked:
+    an upgrade that was not checked makes this fail before it silently loses the fast path."""
+    assert uvicorn_internals.checked(), uvicorn.__version__
+    assert uvicorn_internals.checked(uvicorn_internals.CHECKED[0] + ".0")
+    assert not uvicorn_internals.checked("0.30.0")
+    assert not uvicorn_internals.checked("99.0.0")
+
+
+def test_the_uvicorn_gate_says_no_when_a_hook_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checked version whose protocol lost a hook this module overrides is refused too."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    monkeypatch.delattr(HttpToolsProtocol, "_unsupported_upgrade_warning")
+    assert not uvicorn_internals.checked()
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["checked", "not-checked"])
+async def test_the_traffic_listener_streams_on_either_side_of_the_uvicorn_gate(
+    gate: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The traffic server the sidecar builds, with the gate saying yes (the sidecar's
+    protocol, `send_nowait` offered) and no (uvicorn's plain httptools protocol, no
+    extension, one warning line): the stream arrives whole either way."""
+    if not gate:
+        monkeypatch.setattr(uvicorn, "__version__", "99.0.0")
+    with caplog.at_level(logging.WARNING, logger="sidestream"):
+        internals = use_internals()
+    assert internals is gate
+    warnings = [r for r in caplog.records if r.name == "sidestream" and "uvicorn" in r.message]
+    assert len(warnings) == (0 if gate else 1)
+
+    offered: list[bool] = []
+    async with serve(make_app(stats=Stats())) as upstream:
+        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+        guard = build_guard(settings, StreamRegistry())
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                offered.append(SEND_NOWAIT in scope.get("extensions", {}))
+            await guard(scope, receive, send)
+
+        server = traffic_server(app, settings, internals=internals)
+        sock = bound_socket()
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            await wait_listening(sock.getsockname()[1])
+            response = await request(sock.getsockname()[1], "GET", STREAM.format(tokens=20))
+            body = await asyncio.wait_for(response.body(), 10)
+            response.close()
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+            sock.close()
+    assert response.status == 200 and complete(body, 20)
+    assert offered == [gate]
+
+
+# --- hypercorn -----------------------------------------------------------------------------
+
+
+def test_the_installed_hypercorn_is_a_checked_release() -> None:
+    """The gate says yes for the hypercorn installed here and no for releases nobody checked."""
+    assert hypercorn_internals.checked(), hypercorn_internals.installed()
+    assert not hypercorn_internals.checked("0.16.0")
+    assert not hypercorn_internals.checked("99.0.0")
+
+
+@contextlib.asynccontextmanager
+async def http2_listener(upstream: int) -> AsyncIterator[int]:
+    """The `--http2` traffic listener in front of the emulator; yields its port."""
+    settings = load(["--http2", "--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+    listener = HypercornListener(build_guard(settings, StreamRegistry()), settings, bound_socket())
+    task = asyncio.create_task(listener.serve())
+    try:
+        for _ in range(1000):  # the port is known once it serves
+            if listener.started or task.done():
+                break
+            await asyncio.sleep(0.005)
+        await wait_listening(listener.port)
+        yield listener.port
+    finally:
+        listener.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["checked", "not-checked"])
+async def test_http2_streams_on_either_side_of_the_hypercorn_gate(
+    gate: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starting the `--http2` listener patches hypercorn's stream buffer only when the gate
+    says yes; when it says no, hypercorn's own buffer stays (one warning line) and HTTP/2
+    streams still arrive whole."""
+    from hypercorn.protocol import h2 as hyper_h2
+
+    original: Any = hyper_h2.StreamBuffer
+    while getattr(original, "sidestream_bounded", False):  # patched by an earlier test
+        original = original.__mro__[1]
+    monkeypatch.setattr(hyper_h2, "StreamBuffer", original)  # restored after the test
+    if not gate:
+        monkeypatch.setattr(hypercorn_internals, "installed", lambda: "99.0.0")
+    with caplog.at_level(logging.WARNING, logger="sidestream"):
+        async with (
+            serve(make_app(stats=Stats())) as upstream,
+            http2_listener(upstream) as port,
+            httpx.AsyncClient(http1=False, http2=True, timeout=10) as client,
+        ):
+            url = f"http://127.0.0.1:{port}" + STREAM.format(tokens=20)
+            responses = await asyncio.gather(*(client.get(url) for _ in range(4)))
+    for response in responses:
+        assert response.http_version == "HTTP/2" and response.status_code == 200
+        assert complete(response.content, 20)
+    patched = getattr(hyper_h2.StreamBuffer, "sidestream_bounded", False)
+    assert patched is gate
+    warnings = [r for r in caplog.records if r.name == "sidestream" and "hypercorn" in r.message]
+    assert len(warnings) == (0 if gate else 1)
+
+
+# --- httpcore (bounded in pyproject, no runtime fallback) -----------------------------------
+
+
+def test_httpcore_is_bounded_to_the_checked_series() -> None:
+    """httpcore's internals are gated by an upper bound in pyproject, not at run time: the
+    bound must be there, and the installed httpcore inside it and in the checked series."""
+    dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    (spec,) = [d for d in dependencies if d.startswith("httpcore")]
+    upper = re.search(r"<\s*([\d.]+)", spec)
+    assert upper is not None, f"{spec!r} has no upper bound"
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:3])
+
+    assert version(httpcore.__version__) < version(upper.group(1))
+    checked = version(httpcore_internals.CHECKED)
+    assert version(httpcore.__version__)[:2] == checked[:2]
+
+
+async def test_httpcore_has_every_private_name_the_h2_client_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`missing_internals` finds every name the h2 client relies on in the installed
+    httpcore, on a live connection too, and reports one that a release removed."""
+    async with serve(make_app(stats=Stats()), "hypercorn") as upstream:
+        pool = make_pool(Upstream.parse(f"h2c://127.0.0.1:{upstream}"))
+        try:
+            async with pool.exchange(
+                b"GET", STREAM.format(tokens=2).encode(), [(b"host", b"127.0.0.1")]
+            ) as response:
+                body = b"".join([chunk async for chunk in response.body])
+            connection = pool.connections[0]  # type: ignore[attr-defined]
+            assert httpcore_internals.missing_internals(connection) == []
+        finally:
+            await pool.aclose()
+    assert complete(body, 2)
+    monkeypatch.delattr(httpcore.AsyncHTTP2Connection, "_response_closed")
+    assert httpcore_internals.missing_internals() == ["_response_closed"]
