@@ -5,7 +5,7 @@ Checked against httpcore 1.0.9 (with h2 4.x). Gate: an upper bound in pyproject
 connection is no safe fallback here: it never resets an abandoned stream, so after enough
 cancelled streams the connection refuses new ones (below), and the sidecar relies on
 cancellation reaching the upstream. `missing_internals()` lists what a new release moved;
-tests/test_sidecar_internals.py checks it is empty, and tests/test_http2.py checks the
+tests/sockets/test_sidecar_internals.py checks it is empty, and tests/test_http2.py checks the
 behaviour.
 
 httpcore 1.0.x never resets a stream whose response is closed early (encode/httpcore#1022;

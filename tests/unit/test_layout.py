@@ -146,3 +146,20 @@ def test_the_guard_core_never_imports_telemetry(module: str) -> None:
                 seen.add(dep)
                 todo.append(dep)
     assert sorted(m for m in seen if m.startswith("middleware.telemetry")) == []
+
+
+LONGEST = 250  # lines: a class or function a reader can take in one sitting
+
+
+def test_no_class_or_function_is_too_long_to_read_in_one_sitting() -> None:
+    """No class or function in `middleware/` or `sidecar/` runs over LONGEST lines: one
+    concern each, split when it grows (docstrings and comments count: they are read too)."""
+    long = []
+    for package in ("middleware", "sidecar"):
+        for name, path in modules(package).items():
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                    size = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if size > LONGEST:
+                        long.append(f"{name}.{node.name}: {size} lines")
+    assert long == []
