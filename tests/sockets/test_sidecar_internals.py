@@ -38,7 +38,7 @@ from tests.support.servers import bound_socket, serve, wait_listening
 from tests.support.sseparse import parse
 
 STREAM = "/v1/stream?ttft_ms=0&itl_ms=1&tokens={tokens}"
-PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def complete(body: bytes, tokens: int) -> bool:
