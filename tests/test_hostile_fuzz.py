@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Telemetry, semconv
 from middleware.types import Message, Receive, Scope, Send
 from sidecar.config import load
 from sidecar.inbound import protocol_class

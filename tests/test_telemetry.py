@@ -23,9 +23,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Telemetry, semconv
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
 from sidecar.upstream import Upstream

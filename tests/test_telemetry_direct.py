@@ -41,9 +41,8 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Telemetry, semconv
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.otlp import encode_spans
 from tests import clients

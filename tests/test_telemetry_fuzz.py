@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from middleware.telemetry import semconv
 from middleware.dialects import StreamStats, select
 from middleware.guard import StreamGuard
 from middleware.sse import SSEScanner
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Telemetry, semconv
 from middleware.types import Message
 from tests.apps import SCOPE, SSE_HEADERS
 

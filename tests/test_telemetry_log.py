@@ -10,8 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from middleware.telemetry import semconv
-from middleware.telemetry import Telemetry, configure_access_log
+from middleware.telemetry import Telemetry, configure_access_log, semconv
 from middleware.telemetry.access_log import AccessLogHandler, sole
 from tests.test_telemetry_metrics import STREAM, run_streams
 

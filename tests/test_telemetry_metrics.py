@@ -25,10 +25,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.trace import SpanKind
 
-from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
-from middleware.telemetry import Telemetry, prometheus_text
+from middleware.telemetry import Telemetry, prometheus_text, semconv
 from middleware.telemetry.metrics import LocalCounter, LocalHistogram, series
 from middleware.telemetry.prometheus import metric_name
 from tests import clients

@@ -23,8 +23,8 @@ from opentelemetry.semconv.attributes import (
     user_agent_attributes,
 )
 
-from middleware.telemetry import semconv
 from middleware.sse import Event
+from middleware.telemetry import semconv
 from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
 from middleware.telemetry.gaps import BOUNDS, ChunkHistogram, Gaps
 from middleware.telemetry.metrics import series
