@@ -47,9 +47,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.span import TraceState
 
-from middleware.telemetry import semconv
 from middleware.guard import StreamGuard
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Telemetry, semconv
 from middleware.telemetry.otlp import OTLPSpanExporter, encode_spans, plain_http_transport
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
@@ -534,10 +533,10 @@ def test_spans_of_one_resource_apart_in_a_batch_are_grouped_as_the_sdk_groups_th
 def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
     """Strings, resources and scopes come from the encoder's caches on the second batch:
     the bytes are the same as the first time."""
-    from middleware.telemetry.otlp import _Encoder
+    from middleware.telemetry.otlp_encoder import Encoder
 
     spans = sdk_spans([{"a": "x", "b": 1}, {"c": "y"}], remote_parent=True)
-    encoder = _Encoder()
+    encoder = Encoder()
     first = encoder.request(spans)
     assert encoder.request(spans) == first == encode_spans(spans)
 
@@ -545,9 +544,9 @@ def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
 def test_response_ids_are_written_but_not_kept() -> None:
     """A response id is new with every span: the encoder writes it as the SDK does but does
     not keep it, so spans by the thousand leave its string cache as small as one span."""
-    from middleware.telemetry.otlp import _Encoder
+    from middleware.telemetry.otlp_encoder import Encoder
 
-    encoder = _Encoder()
+    encoder = Encoder()
     for n in range(50):
         spans = sdk_spans([{"a": "x"}, {semconv.GEN_AI_RESPONSE_ID: f"chatcmpl-{n}"}], False)
         ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
@@ -560,9 +559,9 @@ def test_one_key_holding_a_float_then_an_int_of_the_same_size_is_written_as_each
     int of 8 varint bytes are both 9-byte values, so the cache tells them apart by type:
     one encoder writing both, for the same key, still writes what the SDK writes. So too
     for values Python finds equal (a flag and an int, tuples of them) under one key."""
-    from middleware.telemetry.otlp import _Encoder
+    from middleware.telemetry.otlp_encoder import Encoder
 
-    encoder = _Encoder()
+    encoder = Encoder()
     # Equal in Python, not on the wire: 1 and True, (1,) and (True,), 1.0 and 1.
     for value in (0.7, 2**50, 0.25, 2**50 + 1, 5, 1, True, 1.0, (1,), (True,), ("a",), (1,)):
         spans = sdk_spans([{"k": value}, {"k": value}], remote_parent=False)
@@ -578,9 +577,9 @@ def test_one_encoder_with_full_caches_still_writes_what_the_sdk_writes(
     """The encoder's caches (strings, number heads, keys) are emptied when full: with a
     limit of three entries, one encoder writing batch after batch of varied attributes —
     hits, misses and clears in turn — still writes what the SDK writes each time."""
-    import middleware.telemetry.otlp as otlp
+    import middleware.telemetry.otlp_encoder as otlp
 
-    encoder = otlp._Encoder()
+    encoder = otlp.Encoder()
     limit = otlp._CACHE_LIMIT
     otlp._CACHE_LIMIT = 3
     try:

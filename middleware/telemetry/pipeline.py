@@ -17,8 +17,14 @@ Deliberate choices (do not "fix" these):
   (`metrics`, and `gaps` for `time_per_output_chunk`) and added to every
   collection and export by `_WithLocal` and `metrics()`. Only the active-streams gauge, an
   observable read at collection, is the SDK's own.
-- `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same
-  exported span for a third of the CPU; code inside the guard cannot add to it.
+- `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same exported span
+  for a fraction of the CPU; code inside the guard cannot add to it. Where the installed
+  OpenTelemetry is not a version `otel_sdk` was checked against, SDK spans and the SDK's own
+  OTLP exporter instead (one warning says so).
+- A stream's end is a `summary.Summary` handed to sinks (`sinks`): the span, the metrics, the
+  access line. `sinks=` (or `SIDESTREAM_TELEMETRY_SINKS=span,metrics,access`, `none` for
+  none; unset, all three) chooses them; Prometheus text keeps the active-streams gauge
+  whatever is chosen.
 - Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
   GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
   probes and model listings do not count as streams.
@@ -30,7 +36,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from opentelemetry import propagate
@@ -50,21 +56,26 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Tracer
 
 from middleware.registry import StreamRegistry
-from middleware.telemetry import semconv
+from middleware.telemetry import otel_sdk, semconv
 from middleware.telemetry.access_log import AccessLogHandler
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
 from middleware.telemetry.metrics import LocalCounter, LocalHistogram
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
 from middleware.telemetry.record import StreamRecord
+from middleware.telemetry.sinks import SINKS, chosen_sinks, parse_sinks
+from middleware.telemetry.sinks.access import AccessSink
+from middleware.telemetry.sinks.metrics import MetricsSink
+from middleware.telemetry.sinks.span import SpanSink
 
 if TYPE_CHECKING:
     from middleware.cycle import Cycle
+    from middleware.telemetry.summary import Summary
 
 __all__ = [
     "CONTENT_TYPE",
@@ -85,8 +96,10 @@ class Telemetry:
     end, sampled and identified as `tracer_provider`'s configuration says — a provider from
     the OTEL_* variables when none is given — and handed to this processor only, not to the
     provider's others); `tracer_provider` alone makes SDK spans, for every processor it has;
-    neither, no spans. `metric_readers` are extra plain readers
-    (tests); `metric_exporters` are exported periodically with the chunk histogram added.
+    neither, no spans. (Without `otel_sdk.checked()`, `span_processor` is added to the
+    provider and SDK spans are made.) `metric_readers` are extra plain readers (tests);
+    `metric_exporters` are exported periodically with the chunk histogram added. `sinks`
+    names the outputs of a stream's end in use (`sinks.SINKS`: span, metrics, access).
     """
 
     def __init__(
@@ -104,7 +117,9 @@ class Telemetry:
         capture_content: bool = False,
         capture_limit: int = 4096,
         propagator: TextMapPropagator | None = None,
+        sinks: Collection[str] = SINKS,
     ) -> None:
+        self.sink_names = chosen_sinks(sinks)
         self.span_kind = span_kind
         self.server_address = server_address
         self.server_port = server_port
@@ -116,12 +131,14 @@ class Telemetry:
         resource = resource or Resource.create()
         self.tracer: Tracer | None = None
         self.direct: DirectSpans | None = None
+        spans = "span" in self.sink_names
         if span_processor is not None:
             if tracer_provider is None:
                 tracer_provider = TracerProvider(resource=resource)
             tracer_provider.add_span_processor(span_processor)  # flushed and shut down with it
-            self.direct = DirectSpans(tracer_provider, span_processor, span_kind)
-        elif tracer_provider is not None:
+            if spans and otel_sdk.checked():
+                self.direct = DirectSpans(tracer_provider, span_processor, span_kind)
+        if spans and tracer_provider is not None and self.direct is None:
             self.tracer = tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE)
         self.tracer_provider = tracer_provider
         start = time.time_ns()
@@ -181,6 +198,25 @@ class Telemetry:
             description="Requests in flight through the guard.",
         )
         self.access_log = logging.getLogger(semconv.ACCESS_LOGGER)
+        made: list[SpanSink | MetricsSink | AccessSink] = []
+        if spans:
+            made.append(SpanSink(self.direct))
+        if "metrics" in self.sink_names:
+            made.append(
+                MetricsSink(
+                    duration=self.duration,
+                    ttfc=self.ttfc,
+                    chunks=self.chunks,
+                    token_usage=self.token_usage,
+                    streams=self.streams,
+                    keepalives=self.keepalives,
+                    cancellations=self.cancellations,
+                )
+            )
+        if "access" in self.sink_names:
+            made.append(AccessSink(self.access_log))
+        # What `finish` hands each stream's summary to, in this order.
+        self.sinks: tuple[Callable[[Summary], None], ...] = tuple(sink.emit for sink in made)
 
     @classmethod
     def from_env(
@@ -193,10 +229,11 @@ class Telemetry:
         """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
 
         `options` go to the constructor (server_address, server_port, provider_name,
-        capture_content, capture_limit). Exporters: OTLP/HTTP protobuf, batched direct spans,
-        periodic metrics (the span exporter is the SDK's with a faster encoder,
-        `otlp`); the SDK reads endpoint, headers, timeout, sampler and resource
-        variables itself.
+        capture_content, capture_limit, sinks). Exporters: OTLP/HTTP protobuf, batched direct
+        spans, periodic metrics (the span exporter is the SDK's with a faster encoder,
+        `otlp`; the SDK's own where `otel_sdk.checked()` is false); the SDK reads endpoint,
+        headers, timeout, sampler and resource variables itself. `SIDESTREAM_TELEMETRY_SINKS`
+        chooses the sinks (`sinks.parse_sinks`) unless `sinks` is given.
         """
         env = os.environ if environ is None else environ
         if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -206,11 +243,10 @@ class Telemetry:
             logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: only http/protobuf is used", protocol)
         attributes = {} if "OTEL_SERVICE_NAME" in env else {"service.name": "sidestream"}
         resource = Resource.create(attributes)
+        options.setdefault("sinks", parse_sinks(env.get("SIDESTREAM_TELEMETRY_SINKS")))
         processor = None
-        if _wanted(env, "TRACES"):
-            from middleware.telemetry.otlp import OTLPSpanExporter
-
-            processor = BatchSpanProcessor(OTLPSpanExporter())
+        if _wanted(env, "TRACES") and "span" in options["sinks"]:
+            processor = BatchSpanProcessor(_span_exporter())
         exporters: list[MetricExporter] = []
         if _wanted(env, "METRICS"):
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -301,6 +337,17 @@ def configure_access_log(stream: IO[str] | None = None, level: int = logging.INF
     log.propagate = False
 
 
+def _span_exporter() -> SpanExporter:
+    """sidestream's OTLP/HTTP span exporter, or the SDK's own without `otel_sdk.checked()`."""
+    if otel_sdk.checked():
+        from middleware.telemetry.otlp import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as SDK
+
+    return SDK()
+
+
 def _wanted(env: Mapping[str, str], signal: str) -> bool:
     exporter = env.get(f"OTEL_{signal}_EXPORTER", "").strip().lower()
     if exporter:
@@ -314,10 +361,7 @@ class _WithLocal(MetricExporter):
     """A metric exporter that adds the locally aggregated metrics to every export."""
 
     def __init__(self, inner: MetricExporter, telemetry: Telemetry) -> None:
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
+        super().__init__(**otel_sdk.metric_preferences(inner))
         self._inner = inner
         self._telemetry = telemetry
 
