@@ -1,9 +1,8 @@
 """Direct spans: a stream's span written once, at its end, without the SDK's `Span` object.
 
-The SDK's span costs a stream about as much as all the rest of its telemetry: a lock per
-call and every attribute cleaned as it is set (sidestream sets 40-odd), then copied into a
-`ReadableSpan` at `end()`. sidestream's span needs none
-of that: nothing reads or changes it while the stream runs, and its attributes are built
+The SDK's span is a large share of what telemetry costs a stream: a lock per call and every
+attribute cleaned as it is set (sidestream sets 40-odd), then copied into a `ReadableSpan`
+at `end()`. sidestream's span needs none of that: nothing reads or changes it while the stream runs, and its attributes are built
 from values whose types it controls. So a `DirectSpans` makes the decisions the SDK's
 `Tracer.start_span` makes at request arrival (parent, sampling, ids, trace flags) and keeps
 only the resulting `SpanContext`; at the end `end()` builds the finished `ReadableSpan` and

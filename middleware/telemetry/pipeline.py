@@ -15,7 +15,7 @@ Deliberate choices (do not "fix" these):
   the access log still work (Prometheus text is always there).
 - The per-stream instruments are not SDK instruments: they are aggregated here
   (`metrics`, and `gaps` for `time_per_output_chunk`) and added to every
-  collection and export by `_WithLocal` and `metrics()`. Only the active-streams gauge, an
+  collection and export by `metrics.WithLocal` and `metrics()`. Only the active-streams gauge, an
   observable read at collection, is the SDK's own.
 - `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same exported span
   for a fraction of the CPU; code inside the guard cannot add to it. Where the installed
@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import propagate
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -47,25 +46,20 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     Metric,
     MetricExporter,
-    MetricExportResult,
     MetricReader,
-    MetricsData,
     PeriodicExportingMetricReader,
-    ResourceMetrics,
-    ScopeMetrics,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Tracer
 
 from middleware.registry import StreamRegistry
 from middleware.telemetry import otel_sdk, semconv
-from middleware.telemetry.access_log import AccessLogHandler
+from middleware.telemetry.access_log import configure_access_log
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
-from middleware.telemetry.metrics import LocalCounter, LocalHistogram
+from middleware.telemetry.metrics import LocalCounter, LocalHistogram, WithLocal
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
 from middleware.telemetry.record import StreamRecord
 from middleware.telemetry.sinks import SINKS, chosen_sinks, parse_sinks
@@ -187,7 +181,10 @@ class Telemetry:
         )
         self._reader = InMemoryMetricReader()  # Prometheus text
         readers: list[MetricReader] = [self._reader, *metric_readers]
-        readers += [PeriodicExportingMetricReader(_WithLocal(e, self)) for e in metric_exporters]
+        readers += [
+            PeriodicExportingMetricReader(WithLocal(e, self.local_metrics))
+            for e in metric_exporters
+        ]
         self.meter_provider = MeterProvider(metric_readers=readers, resource=resource)
         meter = self.meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE)
         self._registries: list[StreamRegistry] = []
@@ -326,17 +323,6 @@ def prometheus_text(registry: StreamRegistry | None, telemetry: Telemetry | None
     return ("\n".join(lines) + "\n").encode()
 
 
-def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
-    """Send the access log (one JSON object per line, nothing around it) to `stream`, each
-    line within a quarter second (`access_log.AccessLogHandler`)."""
-    log = logging.getLogger(semconv.ACCESS_LOGGER)
-    handler = AccessLogHandler(stream or sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.handlers[:] = [handler]
-    log.setLevel(level)
-    log.propagate = False
-
-
 def _span_exporter() -> SpanExporter:
     """sidestream's OTLP/HTTP span exporter, or the SDK's own without `otel_sdk.checked()`."""
     if otel_sdk.checked():
@@ -355,40 +341,3 @@ def _wanted(env: Mapping[str, str], signal: str) -> bool:
     return bool(
         env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
     )
-
-
-class _WithLocal(MetricExporter):
-    """A metric exporter that adds the locally aggregated metrics to every export."""
-
-    def __init__(self, inner: MetricExporter, telemetry: Telemetry) -> None:
-        super().__init__(**otel_sdk.metric_preferences(inner))
-        self._inner = inner
-        self._telemetry = telemetry
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        local = self._telemetry.local_metrics()
-        if local:
-            metrics_data = MetricsData(resource_metrics=list(_with(metrics_data, local)))
-        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-def _with(data: MetricsData, local: list[Metric]) -> Iterator[ResourceMetrics]:
-    """`data` with `local` in sidestream's scope (added when this export has none)."""
-    for i, rm in enumerate(data.resource_metrics):
-        scopes = list(rm.scope_metrics)
-        mine = [j for j, sm in enumerate(scopes) if sm.scope.name == semconv.INSTRUMENTATION_SCOPE]
-        if mine:
-            sm = scopes[mine[0]]
-            scopes[mine[0]] = ScopeMetrics(sm.scope, [*sm.metrics, *local], sm.schema_url)
-        elif i == 0:
-            scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE)
-            scopes.append(ScopeMetrics(scope, local, ""))
-        yield ResourceMetrics(rm.resource, scopes, rm.schema_url)

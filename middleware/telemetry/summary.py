@@ -186,9 +186,11 @@ class Summary:
 
         stats: StreamStats | None = cycle.stream_stats()
         self.stats = stats
-        self.tokens = self.input_tokens = self.output_tokens = None
-        self.finish_reasons: tuple[str, ...] = ()
-        if stats is not None:
+        self.finish_reasons: tuple[str, ...]
+        if stats is None:
+            self.tokens = self.input_tokens = self.output_tokens = None
+            self.finish_reasons = ()
+        else:
             self.tokens = stats.tokens
             self.input_tokens = stats.input_tokens
             output = stats.output_tokens
@@ -216,8 +218,6 @@ class Summary:
             series.update(record.server)
         self.series = series
 
-        # With capture_content: the relayed text, and the reason it ended (None if it did not
-        # complete).
-        self.output: str | None = None
-        if record.text is not None and stats is not None:
-            self.output = "".join(record.text)
+        # With capture_content: the text relayed (None without).
+        text = record.text
+        self.output = None if text is None or stats is None else "".join(text)
