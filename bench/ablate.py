@@ -7,17 +7,19 @@ telemetry cut out) once per ablation:
 
 - `frame`: the per-token frame check reduced to one `startswith` of the learned prefix (what
   the cheapest conceivable check would cost; right for the benchmark's clean streams only);
-- `finish`: the end of each stream skipped (no span ended, so nothing encoded or exported,
-  no metrics, no access-log line);
+- `finish`: no sinks (`SIDESTREAM_TELEMETRY_SINKS=none`): no span started or ended, so
+  nothing encoded or exported, no metrics, no access-log line; the summary still computed;
 - `both`: the two together: what the rest of telemetry (record start, the stream's role,
   finish and usage chunks parsed as events, the count and time of each token) costs alone;
-- `span`: `finish` without the span (not ended, so not encoded or exported);
-- `log`: `finish` without the access-log line.
+- `span`: without the span sink (no span started, so none encoded or exported);
+- `log`: without the access-line sink.
 
-Each ablated tree is a `git worktree` of HEAD (committed code only) in a temporary folder,
-patched by replacing one anchor line per part; an anchor that is no longer in the source
-stops the run with its name. The trees are removed at the end. Takes about 3 minutes per
-ablation with the default 8 repetitions.
+The sink ablations are configuration: `alt+otel` runs with `SIDESTREAM_TELEMETRY_SINKS` set
+(`BENCH_ALT_SINKS`, see `bench.targets`). The frame ablation is a source patch: each ablated
+tree is a `git worktree` of HEAD (committed code only) in a temporary folder, patched by
+replacing one anchor line per part; an anchor that is no longer in the source stops the run
+with its name. The trees are removed at the end. Takes about 3 minutes per ablation with the
+default 8 repetitions.
 """
 
 from __future__ import annotations
@@ -46,28 +48,13 @@ _FRAME_INLINE = (  # the cycle's copy of the usual case: off, so the cut `matche
     "                if not frame.varies:\n                    rest = body.removeprefix(frame.prefix)\n",
     "                if False:  # ABLATED\n                    rest = body.removeprefix(frame.prefix)\n",
 )
-_FINISH = (
-    "middleware/telemetry_finish.py",
-    "    telemetry = record.telemetry\n    end = time.monotonic()\n",
-    "    cycle.stream_stats()\n    return  # ABLATED\n"
-    "    telemetry = record.telemetry\n    end = time.monotonic()\n",
-)
-_SPAN = (
-    "middleware/telemetry_finish.py",
-    "    span = record.span\n",
-    "    span = None  # ABLATED\n",
-)
-_LOG = (
-    "middleware/telemetry_finish.py",
-    "    log = telemetry.access_log\n",
-    "    return  # ABLATED\n    log = telemetry.access_log\n",
-)
-ABLATIONS = {
-    "frame": [_FRAME, _FRAME_INLINE],
-    "finish": [_FINISH],
-    "both": [_FRAME, _FRAME_INLINE, _FINISH],
-    "span": [_SPAN],
-    "log": [_LOG],
+# ablation -> (source patches, the alt's SIDESTREAM_TELEMETRY_SINKS or None for all sinks)
+ABLATIONS: dict[str, tuple[list[tuple[str, str, str]], str | None]] = {
+    "frame": ([_FRAME, _FRAME_INLINE], None),
+    "finish": ([], "none"),
+    "both": ([_FRAME, _FRAME_INLINE], "none"),
+    "span": ([], "metrics,access"),
+    "log": ([], "span,metrics"),
 }
 
 
@@ -102,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     for name in args.only or list(ABLATIONS):
+        parts, sinks = ABLATIONS[name]
         with worktree() as tree:
-            patch(tree, ABLATIONS[name])
+            patch(tree, parts)
             print(f"\n## ablation {name}: alt+otel is sidestream+otel without it", flush=True)
             os.environ["BENCH_ALT"] = str(tree)
+            os.environ.pop("BENCH_ALT_SINKS", None)
+            if sinks is not None:
+                os.environ["BENCH_ALT_SINKS"] = sinks
             targets = "sidestream,sidestream+otel,alt+otel"
             status = paced.main(["--together", "--targets", targets, "--reps", str(args.reps)])
             if status:
