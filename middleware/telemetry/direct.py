@@ -148,11 +148,14 @@ class DirectSpans:
         end_time: int,
     ) -> None:
         """Hand the finished span to the processor (nothing for one the sampler dropped):
-        `events` are (name, time) pairs, `error` an exception event to add after them."""
-        if span.attributes is None:
-            return
+        `attributes` are added to those it started with (or are those already: the span sink
+        adds them in place), `events` are (name, time) pairs, `error` an exception event to
+        add after them."""
         merged = span.attributes
-        merged.update(attributes)
+        if merged is None:
+            return
+        if attributes is not merged:
+            merged.update(attributes)
         limits = self.limits
         bounded: Mapping[str, Any] = merged
         most = limits.max_span_attributes

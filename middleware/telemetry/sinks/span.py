@@ -38,29 +38,38 @@ class SpanSink:
         span = record.span
         if span is None:  # no spans configured, or none made for this request
             return
-        attrs = attributes(summary)
+        direct = record.direct
+        if direct is None:
+            attrs = attributes(summary, {})
+        elif direct.attributes is None:  # the sampler dropped it: nothing is recorded
+            return
+        else:  # added to those it started with, in place (DirectSpans.end merges them so)
+            attrs = attributes(summary, direct.attributes)
         name = record.method
         if summary.genai:
             operation = summary.operation
             model = summary.model
             name = f"{operation} {model}" if model else str(operation)
+        ns = record.ns
         events = []
-        if summary.first_token_at is not None:
-            events.append((semconv.EVENT_FIRST_CHUNK, record.ns(summary.first_token_at)))
-        if summary.streaming and summary.completed_at is not None:
-            events.append((semconv.EVENT_UPSTREAM_DONE, record.ns(summary.completed_at)))
+        at = summary.first_token_at
+        if at is not None:
+            events.append((semconv.EVENT_FIRST_CHUNK, ns(at)))
+        at = summary.completed_at
+        if at is not None and summary.streaming:
+            events.append((semconv.EVENT_UPSTREAM_DONE, ns(at)))
         aborted_at = summary.aborted_at
-        if summary.outcome is Outcome.CLIENT_DISCONNECTED and aborted_at is not None:
-            events.append((semconv.EVENT_CLIENT_DISCONNECT, record.ns(aborted_at)))
+        if aborted_at is not None and summary.outcome is Outcome.CLIENT_DISCONNECTED:
+            events.append((semconv.EVENT_CLIENT_DISCONNECT, ns(aborted_at)))
         error = summary.error
-        error_at = record.ns(aborted_at if aborted_at is not None else summary.end)
-        escaped = summary.failure is not None
         error_type = summary.error_type
         status = _UNSET if error_type is None else Status(StatusCode.ERROR, error_type)
-        end = record.ns(summary.end)
-        direct = record.direct
+        end = ns(summary.end)
         if direct is not None:
-            exception = None if error is None else exception_event(error, error_at, escaped)
+            exception = None
+            if error is not None:
+                error_at = ns(aborted_at) if aborted_at is not None else end
+                exception = exception_event(error, error_at, summary.failure is not None)
             assert self.spans is not None
             self.spans.end(direct, name, attrs, events, exception, status, end)
             return
@@ -69,20 +78,22 @@ class SpanSink:
         for event, at in events:
             span.add_event(event, timestamp=at)
         if error is not None:
-            span.record_exception(error, timestamp=error_at, escaped=escaped)
+            error_at = ns(aborted_at) if aborted_at is not None else end
+            span.record_exception(error, timestamp=error_at, escaped=summary.failure is not None)
         if error_type is not None:
             span.set_status(status)
         span.end(end_time=end)
 
 
-def attributes(summary: Summary) -> dict[str, Any]:
-    """The span's attributes at its end (added to those it started with)."""
-    attrs: dict[str, Any] = {semconv.OUTCOME: summary.outcome_value}
-    status = summary.status
-    if status:
-        attrs[semconv.HTTP_RESPONSE_STATUS_CODE] = status
-    if summary.error_type is not None:
-        attrs[semconv.ERROR_TYPE] = summary.error_type
+def attributes(summary: Summary, attrs: dict[str, Any]) -> dict[str, Any]:
+    """`attrs` with the span's attributes at its end added, in their order."""
+    attrs[semconv.OUTCOME] = summary.outcome_value
+    value: Any = summary.status
+    if value:
+        attrs[semconv.HTTP_RESPONSE_STATUS_CODE] = value
+    value = summary.error_type
+    if value is not None:
+        attrs[semconv.ERROR_TYPE] = value
     streaming = summary.streaming
     if summary.genai:
         request = summary.record.request
@@ -94,32 +105,45 @@ def attributes(summary: Summary) -> dict[str, Any]:
         attrs[semconv.CHUNKS] = summary.chunks
         attrs[semconv.BYTES] = summary.bytes
         attrs[semconv.KEEPALIVES] = summary.keepalives
-        if summary.dialect is not None:
-            attrs[semconv.DIALECT] = summary.dialect.name
+        dialect = summary.dialect
+        if dialect is not None:
+            attrs[semconv.DIALECT] = dialect.name
     stats = summary.stats
     if stats is not None:
         attrs[semconv.TOKENS] = summary.tokens
-        if stats.response_id is not None:
-            attrs[semconv.GEN_AI_RESPONSE_ID] = stats.response_id
-        if stats.response_model is not None:
-            attrs[semconv.GEN_AI_RESPONSE_MODEL] = stats.response_model
-        if summary.finish_reasons:  # a tuple, as the SDK keeps a sequence
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = summary.finish_reasons
-        if summary.input_tokens is not None:
-            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = summary.input_tokens
-        if summary.output_tokens is not None:
-            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = summary.output_tokens
-    if summary.ttft is not None:
-        attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = summary.ttft
-    for name, value in (
-        (semconv.GAP_P50, summary.p50),
-        (semconv.GAP_P99, summary.p99),
-        (semconv.GAP_MAX, summary.gap_max),
-        (semconv.TOKENS_PER_SECOND, summary.tokens_per_second),
-        (semconv.CANCEL_LATENCY, summary.cancel_latency),
-    ):
+        value = stats.response_id
         if value is not None:
-            attrs[name] = value
+            attrs[semconv.GEN_AI_RESPONSE_ID] = value
+        value = stats.response_model
+        if value is not None:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = value
+        value = summary.finish_reasons
+        if value:  # a tuple, as the SDK keeps a sequence
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = value
+        value = summary.input_tokens
+        if value is not None:
+            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = value
+        value = summary.output_tokens
+        if value is not None:
+            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = value
+    value = summary.ttft
+    if value is not None:
+        attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = value
+    value = summary.p50
+    if value is not None:
+        attrs[semconv.GAP_P50] = value
+    value = summary.p99
+    if value is not None:
+        attrs[semconv.GAP_P99] = value
+    value = summary.gap_max
+    if value is not None:
+        attrs[semconv.GAP_MAX] = value
+    value = summary.tokens_per_second
+    if value is not None:
+        attrs[semconv.TOKENS_PER_SECOND] = value
+    value = summary.cancel_latency
+    if value is not None:
+        attrs[semconv.CANCEL_LATENCY] = value
     if summary.output is not None:
         reasons = summary.finish_reasons
         completed = summary.outcome is Outcome.COMPLETED
