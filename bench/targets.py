@@ -200,7 +200,9 @@ class Session:
                     flush=True,
                 )
 
-    def _start_sidestream(self, otel: bool = False, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    def _start_sidestream(
+        self, otel: bool = False, cwd: Path = ROOT, sinks: str | None = None
+    ) -> subprocess.Popen[bytes]:
         if otel:
             env = {
                 "OTEL_SDK_DISABLED": "false",
@@ -215,20 +217,25 @@ class Session:
             }
         else:
             env = {"OTEL_SDK_DISABLED": "true"}
+        if sinks is not None:
+            env["SIDESTREAM_TELEMETRY_SINKS"] = sinks
         argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
         argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
         return self.spawn(self.target, argv, PROXY_CORES, env, cwd)
 
-    def _start_sidestream_otel(self, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    def _start_sidestream_otel(
+        self, cwd: Path = ROOT, sinks: str | None = None
+    ) -> subprocess.Popen[bytes]:
         self.settle_s = BSP_DELAY_S + 0.5  # the span batch goes out within the window
-        return self._start_sidestream(otel=True, cwd=cwd)
+        return self._start_sidestream(otel=True, cwd=cwd, sinks=sinks)
 
     def _start_alt(self) -> subprocess.Popen[bytes]:
         return self._start_sidestream(cwd=alt_root())
 
     def _start_alt_otel(self) -> subprocess.Popen[bytes]:
-        return self._start_sidestream_otel(cwd=alt_root())
+        # `BENCH_ALT_SINKS`: the alt's telemetry sinks (`bench.ablate`), all when unset.
+        return self._start_sidestream_otel(cwd=alt_root(), sinks=os.environ.get("BENCH_ALT_SINKS"))
 
     def _start_tutorial(self) -> subprocess.Popen[bytes]:
         argv = [PY, "-m", "uvicorn", "bench.tutorial:app", "--host", "127.0.0.1"]

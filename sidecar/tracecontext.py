@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sidecar.headers import Headers
@@ -60,11 +59,12 @@ def _w3c_propagation() -> bool:
     global _w3c_decided
     textmap = propagate.get_global_textmap()
     if _w3c_decided[0] is not textmap:
-        parts: object = (textmap,)
-        if type(textmap) is CompositePropagator:
-            parts = getattr(textmap, "_propagators", None)
+        # Imported here, once per propagator: the proxy itself does not need telemetry loaded.
+        from middleware.telemetry.otel_sdk import propagators
+
+        parts = propagators(textmap)  # None: not known (a composite's parts are private)
         w3c = (
-            isinstance(parts, list | tuple)
+            parts is not None
             and any(type(p) is TraceContextTextMapPropagator for p in parts)
             and all(type(p) in _W3C_PROPAGATORS for p in parts)
         )

@@ -2,9 +2,9 @@
 the lines of that time in one write.
 
 A `logging` record and a write + flush per stream cost as much as the rest of the line's
-work together (`bench.ablate --only log`: the whole access line was 0.04 of telemetry's
-1.17x in scenario a). So `configure_access_log` installs `AccessLogHandler`, and where it is
-the access logger's only way out (`sole`), `finish` hands it the line directly,
+work together. So `configure_access_log` installs `AccessLogHandler`, and where it is
+the access logger's only way out (`sole`), the access sink (`sinks.access`) hands it the
+line directly,
 without a `LogRecord`; the handler gathers lines and writes them at once, `FLUSH_S` after
 the first — nginx's `access_log ... buffer= flush=`. Lines from anywhere else (a record
 logged the usual way) go through `emit` into the same buffer, so the order is kept.
@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import IO
 
-__all__ = ["AccessLogHandler", "sole"]
+from middleware.telemetry import semconv
+
+__all__ = ["AccessLogHandler", "configure_access_log", "sole"]
 
 
 class AccessLogHandler(logging.Handler):
@@ -91,3 +94,14 @@ def sole(log: logging.Logger) -> AccessLogHandler | None:
     if type(handler) is not AccessLogHandler or handler.filters or handler.level > logging.INFO:
         return None
     return handler
+
+
+def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
+    """Send the access log (one JSON object per line, nothing around it) to `stream`, each
+    line within a quarter second (`access_log.AccessLogHandler`)."""
+    log = logging.getLogger(semconv.ACCESS_LOGGER)
+    handler = AccessLogHandler(stream or sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False

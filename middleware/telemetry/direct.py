@@ -1,15 +1,16 @@
 """Direct spans: a stream's span written once, at its end, without the SDK's `Span` object.
 
-The SDK's span costs a stream about half as much as all the rest of its telemetry: a lock per
-call and every attribute cleaned as it is set (~35 µs in a loop for sidestream's 40-odd
-attributes), then copied into a `ReadableSpan` at `end()`. sidestream's span needs none
-of that: nothing reads or changes it while the stream runs, and its attributes are built
+The SDK's span is a large share of what telemetry costs a stream: a lock per call and every
+attribute cleaned as it is set (sidestream sets 40-odd), then copied into a `ReadableSpan`
+at `end()`. sidestream's span needs none of that: nothing reads or changes it while the stream runs, and its attributes are built
 from values whose types it controls. So a `DirectSpans` makes the decisions the SDK's
 `Tracer.start_span` makes at request arrival (parent, sampling, ids, trace flags) and keeps
 only the resulting `SpanContext`; at the end `end()` builds the finished `ReadableSpan` and
 hands it to the span processor, as the SDK's `Span.end()` does. Exporters and processors
 receive what they always receive. `tests/test_telemetry_direct.py` holds it to the SDK's
-output, span for span.
+output, span for span. `Telemetry` makes direct spans only where the installed SDK is a
+version `otel_sdk` was checked against: they rely on how its samplers and span processors
+behave; otherwise it makes the SDK's own spans.
 
 Deliberate differences from SDK spans (do not "fix" these):
 
@@ -21,9 +22,10 @@ Deliberate differences from SDK spans (do not "fix" these):
   applications that need every processor hook.
 - A Batch or Simple span processor in front of this package's OTLP exporter
   (`otlp.OTLPSpanExporter`, what `Telemetry.from_env` builds) gets each span
-  already written in OTLP (`otlp.EncodedSpan`), not a `ReadableSpan`: those
-  processors read only its context and that exporter only its bytes, and the end of a
-  stream then builds no ReadableSpan, no Event objects, and no second pass over them.
+  already written in OTLP (`otlp_encoder.EncodedSpan`), not a `ReadableSpan`: those
+  processors read only its context (`otel_sdk.encoding_exporter`) and that exporter only its
+  bytes, and the end of a stream then builds no ReadableSpan, no Event objects, and no
+  second pass over them.
 - Span limits (`OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`, `..._VALUE_LENGTH_LIMIT`) are applied with
   the SDK's `BoundedAttributes`, but only when the span would exceed them.
 """
@@ -32,27 +34,19 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context, get_current
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_ON,
-    Decision,
-    ParentBased,
-    Sampler,
-    StaticSampler,
-)
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, TraceFlags
 
-from middleware.telemetry import semconv
-
-if TYPE_CHECKING:
-    from middleware.telemetry.otlp import EncodedSpan, _Encoder
+from middleware.telemetry import otel_sdk, semconv
+from middleware.telemetry.otel_sdk import ALWAYS_ON, PARENT_BASED_ALWAYS_ON
+from middleware.telemetry.otlp_encoder import EncodedSpan, Encoder
 
 # W3C Trace Context level 2's random flag, where the installed API knows it (as the SDK sets it).
 _RANDOM_TRACE_ID: int = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
@@ -83,7 +77,7 @@ class DirectSpans:
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor, kind: SpanKind) -> None:
         self.sampler = provider.sampler
-        self.policy = _policy(provider.sampler)
+        self.policy = otel_sdk.sampler_policy(provider.sampler)
         self.ids = provider.id_generator
         self.resource = provider.resource
         self.processor = processor
@@ -91,19 +85,15 @@ class DirectSpans:
         self.scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE, "", "", {})  # get_tracer's
         self.limits = SpanLimits()  # from the OTEL_* variables, as the provider's
         # In front of this package's OTLP exporter, a span is written in OTLP at its end
-        # (`otlp.EncodedSpan`): no ReadableSpan, no Event objects, no second read.
-        # (Imported here: the OTLP exporter's module loads the HTTP client.)
-        self.encoder: _Encoder | None = None
-        exporter = getattr(processor, "span_exporter", None)
-        if (
-            type(processor) in (BatchSpanProcessor, SimpleSpanProcessor)  # they read `context` only
-            and type(exporter).__module__ == "middleware.telemetry.otlp"
-        ):
-            from middleware.telemetry.otlp import EncodedSpan, OTLPSpanExporter, _Encoder
+        # (`otlp_encoder.EncodedSpan`): no ReadableSpan, no Event objects, no second read.
+        # (`otlp` imported only then: that module loads the HTTP client.)
+        self.encoder: Encoder | None = None
+        exporter = otel_sdk.encoding_exporter(processor)
+        if type(exporter).__module__ == "middleware.telemetry.otlp":
+            from middleware.telemetry.otlp import OTLPSpanExporter
 
             if isinstance(exporter, OTLPSpanExporter) and exporter.fast:
-                self.encoder = _Encoder()
-                self.encoded: type[EncodedSpan] = EncodedSpan
+                self.encoder = Encoder()
 
     def start(
         self, name: str, parent: Context | None, attributes: dict[str, Any], start_time: int
@@ -130,8 +120,9 @@ class DirectSpans:
             decision, trace_state = result.decision, result.trace_state
             recorded = None if decision is Decision.DROP else dict(result.attributes or {})
         else:  # the SDK's default samplers, decided here as they decide (without their calls)
-            sampled = policy is _ON or (
-                policy is _PARENT and (parent_context is None or parent_context.trace_flags.sampled)
+            sampled = policy == ALWAYS_ON or (
+                policy == PARENT_BASED_ALWAYS_ON
+                and (parent_context is None or parent_context.trace_flags.sampled)
             )
             decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
             trace_state = None if parent_context is None else parent_context.trace_state
@@ -157,11 +148,14 @@ class DirectSpans:
         end_time: int,
     ) -> None:
         """Hand the finished span to the processor (nothing for one the sampler dropped):
-        `events` are (name, time) pairs, `error` an exception event to add after them."""
-        if span.attributes is None:
-            return
+        `attributes` are added to those it started with (or are those already: the span sink
+        adds them in place), `events` are (name, time) pairs, `error` an exception event to
+        add after them."""
         merged = span.attributes
-        merged.update(attributes)
+        if merged is None:
+            return
+        if attributes is not merged:
+            merged.update(attributes)
         limits = self.limits
         bounded: Mapping[str, Any] = merged
         most = limits.max_span_attributes
@@ -187,7 +181,7 @@ class DirectSpans:
                 context, span.parent, name, self.kind, span.start_time, end_time,
                 merged, 0, timed, 0, (), 0, status,
             )  # fmt: skip
-            encoded = self.encoded(context, data, self.resource, self.scope)
+            encoded = EncodedSpan(context, data, self.resource, self.scope)
             self.processor.on_end(encoded)  # type: ignore[arg-type]
             return
         sdk_events = [Event(event, None, at) for event, at in events]
@@ -208,21 +202,6 @@ class DirectSpans:
                 instrumentation_scope=self.scope,
             )
         )
-
-
-_ON, _OFF, _PARENT = "always_on", "always_off", "parentbased_always_on"
-
-
-def _policy(sampler: Sampler) -> str | None:
-    """Which of the SDK's default samplers `sampler` is (`OTEL_TRACES_SAMPLER` always_on,
-    always_off, or parentbased_always_on, the default, with its default delegates): their
-    decisions need only the parent's sampled flag. None for any other sampler, asked per span."""
-    if type(sampler) is StaticSampler:
-        return _ON if sampler.get_description() == ALWAYS_ON.get_description() else _OFF
-    default = ParentBased(ALWAYS_ON).get_description()  # type: ignore[no-untyped-call]
-    if type(sampler) is ParentBased and sampler.get_description() == default:  # type: ignore[no-untyped-call]
-        return _PARENT
-    return None
 
 
 def exception_event(error: BaseException, timestamp: int, escaped: bool) -> Event:

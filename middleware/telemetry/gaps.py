@@ -9,8 +9,8 @@ buckets altogether: `seal` sorts its gaps once, and the readers take exact quant
 chunk histogram's counts from that sorted list (a few `bisect`s), not from buckets.
 
 `ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
-record once per chunk. An SDK `Histogram.record` costs ~10 µs — more than the whole relay of
-a token — so the gaps are folded into it once per stream instead. That is exact, not an
+record once per chunk. An SDK `Histogram.record` costs more than the whole relay of a token,
+so the gaps are folded into it once per stream instead. That is exact, not an
 approximation: the conventions' boundaries (10 ms doubling) are bucket bounds here, so every
 log bucket lies inside exactly one of their buckets.
 """
@@ -43,7 +43,7 @@ class Gaps:
     Per chunk only its time is kept: a list append (`add`, or the cycle's token path
     appending to `times` itself and folding at `FOLD_AT`). A list, not an `array("d")`: it
     keeps the float the clock returned, where an array unboxes it on append and boxes it
-    again at the fold (~500 instructions a chunk more, callgrind). Every `FOLD_AT` times,
+    again at the fold (more instructions per chunk, not fewer). Every `FOLD_AT` times,
     and before anything is read, the batch is folded into the buckets: differences and a
     sort in C, then one step per non-empty bucket. Memory stays bounded: at most `FOLD_AT`
     floats (32 bytes each with the list's pointer) plus the non-empty buckets (a dict: a

@@ -16,10 +16,16 @@ Deliberate choices (do not "fix" these):
   the access log still work (Prometheus text is always there).
 - The per-stream instruments are not SDK instruments: they are aggregated here
   (`metrics`, and `gaps` for `time_per_output_chunk`) and added to every
-  collection and export by `_WithLocal` and `metrics()`. Only the active-streams gauge, an
+  collection and export by `metrics.WithLocal` and `metrics()`. Only the active-streams gauge, an
   observable read at collection, is the SDK's own.
-- `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same
-  exported span for a third of the CPU; code inside the guard cannot add to it.
+- `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same exported span
+  for a fraction of the CPU; code inside the guard cannot add to it. Where the installed
+  OpenTelemetry is not a version `otel_sdk` was checked against, SDK spans and the SDK's own
+  OTLP exporter instead (one warning says so).
+- A stream's end is a `summary.Summary` handed to sinks (`sinks`): the span, the metrics, the
+  access line. `sinks=` (or `SIDESTREAM_TELEMETRY_SINKS=span,metrics,access`, `none` for
+  none; unset, all three) chooses them; Prometheus text keeps the active-streams gauge
+  whatever is chosen.
 - Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
   GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
   probes and model listings do not count as streams.
@@ -29,10 +35,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, Self
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 from opentelemetry import propagate
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -42,26 +47,28 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     Metric,
     MetricExporter,
-    MetricExportResult,
     MetricReader,
-    MetricsData,
     PeriodicExportingMetricReader,
-    ResourceMetrics,
-    ScopeMetrics,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Tracer
 
 from middleware.registry import StreamRegistry
-from middleware.telemetry import semconv
-from middleware.telemetry.access_log import AccessLogHandler
+from middleware.telemetry import otel_sdk, semconv
+from middleware.telemetry.access_log import configure_access_log
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
-from middleware.telemetry.metrics import LocalCounter, LocalHistogram
+from middleware.telemetry.metrics import LocalCounter, LocalHistogram, WithLocal
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
+from middleware.telemetry.sinks import SINKS, chosen_sinks, parse_sinks
+from middleware.telemetry.sinks.access import AccessSink
+from middleware.telemetry.sinks.metrics import MetricsSink
+from middleware.telemetry.sinks.span import SpanSink
+
+if TYPE_CHECKING:
+    from middleware.telemetry.summary import Summary
 
 __all__ = [
     "CONTENT_TYPE",
@@ -81,8 +88,10 @@ class Pipeline:
     end, sampled and identified as `tracer_provider`'s configuration says — a provider from
     the OTEL_* variables when none is given — and handed to this processor only, not to the
     provider's others); `tracer_provider` alone makes SDK spans, for every processor it has;
-    neither, no spans. `metric_readers` are extra plain readers
-    (tests); `metric_exporters` are exported periodically with the chunk histogram added.
+    neither, no spans. (Without `otel_sdk.checked()`, `span_processor` is added to the
+    provider and SDK spans are made.) `metric_readers` are extra plain readers (tests);
+    `metric_exporters` are exported periodically with the chunk histogram added. `sinks`
+    names the outputs of a stream's end in use (`sinks.SINKS`: span, metrics, access).
     """
 
     def __init__(
@@ -100,7 +109,9 @@ class Pipeline:
         capture_content: bool = False,
         capture_limit: int = 4096,
         propagator: TextMapPropagator | None = None,
+        sinks: Collection[str] = SINKS,
     ) -> None:
+        self.sink_names = chosen_sinks(sinks)
         self.span_kind = span_kind
         self.server_address = server_address
         self.server_port = server_port
@@ -112,12 +123,14 @@ class Pipeline:
         resource = resource or Resource.create()
         self.tracer: Tracer | None = None
         self.direct: DirectSpans | None = None
+        spans = "span" in self.sink_names
         if span_processor is not None:
             if tracer_provider is None:
                 tracer_provider = TracerProvider(resource=resource)
             tracer_provider.add_span_processor(span_processor)  # flushed and shut down with it
-            self.direct = DirectSpans(tracer_provider, span_processor, span_kind)
-        elif tracer_provider is not None:
+            if spans and otel_sdk.checked():
+                self.direct = DirectSpans(tracer_provider, span_processor, span_kind)
+        if spans and tracer_provider is not None and self.direct is None:
             self.tracer = tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE)
         self.tracer_provider = tracer_provider
         start = time.time_ns()
@@ -166,7 +179,10 @@ class Pipeline:
         )
         self._reader = InMemoryMetricReader()  # Prometheus text
         readers: list[MetricReader] = [self._reader, *metric_readers]
-        readers += [PeriodicExportingMetricReader(_WithLocal(e, self)) for e in metric_exporters]
+        readers += [
+            PeriodicExportingMetricReader(WithLocal(e, self.local_metrics))
+            for e in metric_exporters
+        ]
         self.meter_provider = MeterProvider(metric_readers=readers, resource=resource)
         meter = self.meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE)
         self._registries: list[StreamRegistry] = []
@@ -177,6 +193,25 @@ class Pipeline:
             description="Requests in flight through the guard.",
         )
         self.access_log = logging.getLogger(semconv.ACCESS_LOGGER)
+        made: list[SpanSink | MetricsSink | AccessSink] = []
+        if spans:
+            made.append(SpanSink(self.direct))
+        if "metrics" in self.sink_names:
+            made.append(
+                MetricsSink(
+                    duration=self.duration,
+                    ttfc=self.ttfc,
+                    chunks=self.chunks,
+                    token_usage=self.token_usage,
+                    streams=self.streams,
+                    keepalives=self.keepalives,
+                    cancellations=self.cancellations,
+                )
+            )
+        if "access" in self.sink_names:
+            made.append(AccessSink(self.access_log))
+        # What `finish` hands each stream's summary to, in this order.
+        self.sinks: tuple[Callable[[Summary], None], ...] = tuple(sink.emit for sink in made)
 
     @classmethod
     def from_env(
@@ -189,10 +224,11 @@ class Pipeline:
         """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
 
         `options` go to the constructor (server_address, server_port, provider_name,
-        capture_content, capture_limit). Exporters: OTLP/HTTP protobuf, batched direct spans,
-        periodic metrics (the span exporter is the SDK's with a faster encoder,
-        `otlp`); the SDK reads endpoint, headers, timeout, sampler and resource
-        variables itself.
+        capture_content, capture_limit, sinks). Exporters: OTLP/HTTP protobuf, batched direct
+        spans, periodic metrics (the span exporter is the SDK's with a faster encoder,
+        `otlp`; the SDK's own where `otel_sdk.checked()` is false); the SDK reads endpoint,
+        headers, timeout, sampler and resource variables itself. `SIDESTREAM_TELEMETRY_SINKS`
+        chooses the sinks (`sinks.parse_sinks`) unless `sinks` is given.
         """
         env = os.environ if environ is None else environ
         if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -202,11 +238,10 @@ class Pipeline:
             logger.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s: only http/protobuf is used", protocol)
         attributes = {} if "OTEL_SERVICE_NAME" in env else {"service.name": "sidestream"}
         resource = Resource.create(attributes)
+        options.setdefault("sinks", parse_sinks(env.get("SIDESTREAM_TELEMETRY_SINKS")))
         processor = None
-        if _wanted(env, "TRACES"):
-            from middleware.telemetry.otlp import OTLPSpanExporter
-
-            processor = BatchSpanProcessor(OTLPSpanExporter())
+        if _wanted(env, "TRACES") and "span" in options["sinks"]:
+            processor = BatchSpanProcessor(_span_exporter())
         exporters: list[MetricExporter] = []
         if _wanted(env, "METRICS"):
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -282,15 +317,15 @@ def prometheus_text(registry: StreamRegistry | None, telemetry: Pipeline | None)
     return ("\n".join(lines) + "\n").encode()
 
 
-def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
-    """Send the access log (one JSON object per line, nothing around it) to `stream`, each
-    line within a quarter second (`access_log.AccessLogHandler`)."""
-    log = logging.getLogger(semconv.ACCESS_LOGGER)
-    handler = AccessLogHandler(stream or sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.handlers[:] = [handler]
-    log.setLevel(level)
-    log.propagate = False
+def _span_exporter() -> SpanExporter:
+    """sidestream's OTLP/HTTP span exporter, or the SDK's own without `otel_sdk.checked()`."""
+    if otel_sdk.checked():
+        from middleware.telemetry.otlp import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as SDK
+
+    return SDK()
 
 
 def _wanted(env: Mapping[str, str], signal: str) -> bool:
@@ -300,43 +335,3 @@ def _wanted(env: Mapping[str, str], signal: str) -> bool:
     return bool(
         env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
     )
-
-
-class _WithLocal(MetricExporter):
-    """A metric exporter that adds the locally aggregated metrics to every export."""
-
-    def __init__(self, inner: MetricExporter, telemetry: Pipeline) -> None:
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
-        self._inner = inner
-        self._telemetry = telemetry
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        local = self._telemetry.local_metrics()
-        if local:
-            metrics_data = MetricsData(resource_metrics=list(_with(metrics_data, local)))
-        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-def _with(data: MetricsData, local: list[Metric]) -> Iterator[ResourceMetrics]:
-    """`data` with `local` in sidestream's scope (added when this export has none)."""
-    for i, rm in enumerate(data.resource_metrics):
-        scopes = list(rm.scope_metrics)
-        mine = [j for j, sm in enumerate(scopes) if sm.scope.name == semconv.INSTRUMENTATION_SCOPE]
-        if mine:
-            sm = scopes[mine[0]]
-            scopes[mine[0]] = ScopeMetrics(sm.scope, [*sm.metrics, *local], sm.schema_url)
-        elif i == 0:
-            scope = InstrumentationScope(semconv.INSTRUMENTATION_SCOPE)
-            scopes.append(ScopeMetrics(scope, local, ""))
-        yield ResourceMetrics(rm.resource, scopes, rm.schema_url)

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
-from middleware.dialects import Dialect, StreamStats, select
-from middleware.errors import Outcome, StreamError
+from middleware.dialects import Dialect, select
 from middleware.sse import Event
 from middleware.telemetry import semconv
 from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
@@ -28,26 +27,6 @@ from middleware.types import Message, Receive, Scope
 
 if TYPE_CHECKING:
     from middleware.telemetry.pipeline import Pipeline
-
-
-class Finished(Protocol):
-    """What telemetry reads of a request's cycle once it has run (`observed.ObservedCycle`)."""
-
-    outcome: Outcome
-    status: int
-    error: StreamError | None
-    streaming: bool
-    dialect: Dialect | None
-    started: float
-    first_token_at: float | None
-    aborted_at: float | None
-    stopped_at: float | None
-    completed_at: float | None
-    chunks: int
-    bytes: int
-    keepalives: int
-
-    def stream_stats(self) -> StreamStats | None: ...
 
 
 class StreamRecord:

@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from middleware.guard import StreamGuard
 from middleware.telemetry import Telemetry, semconv
+from middleware.telemetry.sinks import SINKS
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
 from sidecar.upstream.types import Upstream
@@ -369,3 +370,46 @@ async def test_non_streaming_request_gets_one_cheap_span() -> None:
     assert semconv.CHUNKS not in a and semconv.EVENT_FIRST_CHUNK not in [
         e.name for e in span.events
     ]
+
+
+@pytest.mark.parametrize("off", ["span", "metrics", "access"])
+async def test_each_sink_can_be_left_out_while_the_others_still_report(
+    off: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule: turning one output off is configuration (`Telemetry(sinks=...)`), not a source
+    patch: that output is missing (without the span sink no span is even started), and the
+    other two report the stream whole."""
+    spans = Spans(sinks=SINKS - {off})
+    stream = [(0, ROLE), (0, chunk("a")), (0.01, chunk("b")), (0, DONE)]
+    with caplog.at_level(logging.INFO, logger=semconv.ACCESS_LOGGER):
+        async with serve(StreamGuard(scripted(stream), telemetry=spans.telemetry)) as port:
+            response = await clients.request(
+                port, "POST", "/v1/chat/completions", body=b'{"model": "m1", "stream": true}'
+            )
+            await response.body()
+            response.close()
+            await asyncio.sleep(0.05)
+    finished = spans.exporter.get_finished_spans()
+    metrics = {m.name: m for m in spans.telemetry.metrics()}
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == semconv.ACCESS_LOGGER]
+    if off == "span":
+        assert finished == ()
+    else:
+        (span,) = finished
+        a = dict(span.attributes or {})
+        assert a[semconv.OUTCOME] == "completed" and a[semconv.TOKENS] == 2
+    if off == "metrics":
+        assert semconv.METRIC_STREAMS not in metrics
+        assert semconv.METRIC_OPERATION_DURATION not in metrics
+    else:
+        (streams,) = metrics[semconv.METRIC_STREAMS].data.data_points
+        assert streams.value == 1 and streams.attributes == {semconv.OUTCOME: "completed"}
+        (usage,) = metrics[semconv.METRIC_TOKEN_USAGE].data.data_points
+        assert usage.sum == 2
+    if off == "access":
+        assert lines == []
+    else:
+        (line,) = lines
+        assert line["outcome"] == "completed" and line["tokens"] == 2
+        trace_id = None if off == "span" else f"{finished[0].context.trace_id:032x}"
+        assert line["trace_id"] == trace_id

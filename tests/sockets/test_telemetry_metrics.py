@@ -30,6 +30,7 @@ from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, prometheus_text, semconv
 from middleware.telemetry.metrics import LocalCounter, LocalHistogram, series
 from middleware.telemetry.prometheus import metric_name
+from middleware.telemetry.sinks import SINKS
 from tests.support import clients
 from tests.support.apps import DONE, ROLE, SCOPE, SSE_HEADERS, Probe, chunk, scripted
 from tests.support.servers import serve
@@ -210,6 +211,31 @@ def test_from_env_follows_the_otel_variables() -> None:
     off = Telemetry.from_env(environ={**env, "OTEL_TRACES_EXPORTER": "none"})
     assert off is not None and off.tracer is None and off.direct is None
     off.shutdown()
+
+
+def test_from_env_chooses_the_sinks_from_sidestream_telemetry_sinks() -> None:
+    """SIDESTREAM_TELEMETRY_SINKS: comma-separated sink names (spaces and case forgiven),
+    `none` for none, unset or empty for all; an unknown name is an error at start, not a
+    sink silently missing. Without the span sink no exporter or span is made."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_METRICS_EXPORTER": "none"}
+    for value, names in [
+        (None, SINKS),
+        ("", SINKS),
+        ("metrics, ACCESS", {"metrics", "access"}),
+        ("span", {"span"}),
+        ("none", set()),
+    ]:
+        environ = dict(env) if value is None else {**env, "SIDESTREAM_TELEMETRY_SINKS": value}
+        telemetry = Telemetry.from_env(environ=environ)
+        assert telemetry is not None
+        assert telemetry.sink_names == names, value
+        assert len(telemetry.sinks) == len(names)
+        assert (telemetry.direct is not None) == ("span" in names), value
+        telemetry.shutdown()
+    with pytest.raises(ValueError, match=r"SIDESTREAM_TELEMETRY_SINKS.*spans"):
+        Telemetry.from_env(environ={"SIDESTREAM_TELEMETRY_SINKS": "spans,metrics"})
+    with pytest.raises(ValueError, match="unknown telemetry sink log"):
+        Telemetry(sinks={"metrics", "log"})
 
 
 def test_prometheus_names_follow_the_otel_rules() -> None:

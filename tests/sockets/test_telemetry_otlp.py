@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from hypothesis import given, settings
 from opentelemetry import baggage as otel_baggage
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import TextMapPropagator, default_setter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -45,11 +48,13 @@ from opentelemetry.trace import (
     get_current_span,
     set_span_in_context,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 
 from middleware.guard import StreamGuard
-from middleware.telemetry import Telemetry, semconv
+from middleware.telemetry import Telemetry, otel_sdk, semconv
 from middleware.telemetry.otlp import OTLPSpanExporter, encode_spans, plain_http_transport
+from middleware.telemetry.otlp_encoder import Encoder
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
@@ -534,10 +539,10 @@ def test_spans_of_one_resource_apart_in_a_batch_are_grouped_as_the_sdk_groups_th
 def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
     """Strings, resources and scopes come from the encoder's caches on the second batch:
     the bytes are the same as the first time."""
-    from middleware.telemetry.otlp import _Encoder
+    from middleware.telemetry.otlp_encoder import Encoder
 
     spans = sdk_spans([{"a": "x", "b": 1}, {"c": "y"}], remote_parent=True)
-    encoder = _Encoder()
+    encoder = Encoder()
     first = encoder.request(spans)
     assert encoder.request(spans) == first == encode_spans(spans)
 
@@ -545,9 +550,9 @@ def test_the_fast_encoder_repeats_itself_from_its_caches() -> None:
 def test_response_ids_are_written_but_not_kept() -> None:
     """A response id is new with every span: the encoder writes it as the SDK does but does
     not keep it, so spans by the thousand leave its string cache as small as one span."""
-    from middleware.telemetry.otlp import _Encoder
+    from middleware.telemetry.otlp_encoder import Encoder
 
-    encoder = _Encoder()
+    encoder = Encoder()
     for n in range(50):
         spans = sdk_spans([{"a": "x"}, {semconv.GEN_AI_RESPONSE_ID: f"chatcmpl-{n}"}], False)
         ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
@@ -560,9 +565,9 @@ def test_one_key_holding_a_float_then_an_int_of_the_same_size_is_written_as_each
     int of 8 varint bytes are both 9-byte values, so the cache tells them apart by type:
     one encoder writing both, for the same key, still writes what the SDK writes. So too
     for values Python finds equal (a flag and an int, tuples of them) under one key."""
-    from middleware.telemetry.otlp import _Encoder
+    from middleware.telemetry.otlp_encoder import Encoder
 
-    encoder = _Encoder()
+    encoder = Encoder()
     # Equal in Python, not on the wire: 1 and True, (1,) and (True,), 1.0 and 1.
     for value in (0.7, 2**50, 0.25, 2**50 + 1, 5, 1, True, 1.0, (1,), (True,), ("a",), (1,)):
         spans = sdk_spans([{"k": value}, {"k": value}], remote_parent=False)
@@ -578,9 +583,9 @@ def test_one_encoder_with_full_caches_still_writes_what_the_sdk_writes(
     """The encoder's caches (strings, number heads, keys) are emptied when full: with a
     limit of three entries, one encoder writing batch after batch of varied attributes —
     hits, misses and clears in turn — still writes what the SDK writes each time."""
-    import middleware.telemetry.otlp as otlp
+    import middleware.telemetry.otlp_encoder as otlp
 
-    encoder = otlp._Encoder()
+    encoder = otlp.Encoder()
     limit = otlp._CACHE_LIMIT
     otlp._CACHE_LIMIT = 3
     try:
@@ -611,3 +616,105 @@ async def test_a_batch_the_fast_encoder_cannot_write_goes_out_through_the_sdks_e
         exporter.shutdown()
     assert result.name == "SUCCESS"
     assert sorted(s.name for s in receiver.spans) == sorted(s.name for s in spans)
+
+
+# --- the version gate (`otel_sdk`): private internals only on the versions checked ----------
+
+
+@pytest.fixture
+def unchecked(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """As if the installed opentelemetry-sdk were a version `otel_sdk` was not checked
+    against; the gate is decided afresh before and after."""
+    versions = {**otel_sdk.installed(), "opentelemetry-sdk": "9.0.0"}
+    monkeypatch.setattr(otel_sdk, "installed", lambda: versions)
+    otel_sdk.checked.cache_clear()
+    yield "opentelemetry-sdk 9.0.0"
+    otel_sdk.checked.cache_clear()
+
+
+def test_the_installed_opentelemetry_is_a_version_checked() -> None:
+    """Pins the fast paths to the installed versions: after an upgrade this fails until the
+    private reads in `otel_sdk` are checked again and the version added to CHECKED."""
+    assert otel_sdk.checked(), otel_sdk.installed()
+
+
+def test_an_unchecked_version_is_said_once_and_every_private_read_is_skipped(
+    unchecked: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule: with a version not checked, one warning names it, and the exporter, the
+    transport, direct spans, metric exporters and the propagator all take the public path."""
+    with caplog.at_level(logging.WARNING, logger="sidestream"):
+        assert not otel_sdk.checked()
+        assert not otel_sdk.checked()
+    (warning,) = [r for r in caplog.records if "not a version" in r.getMessage()]
+    assert unchecked in warning.getMessage()
+    exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    assert not exporter.fast
+    assert type(exporter._client._transport) is not Urllib3HTTPTransport
+    assert plain_http_transport("http://127.0.0.1:9/v1/traces") is None
+    telemetry = Telemetry(span_processor=SimpleSpanProcessor(InMemorySpanExporter()))
+    assert telemetry.direct is None and telemetry.tracer is not None  # the SDK's spans
+    assert otel_sdk.metric_preferences(exporter) == {}
+    assert otel_sdk.propagators(propagate.get_global_textmap()) is None
+    # The encoder reads spans through their public API then, and writes the same bytes.
+    spans = sdk_spans([{"a": "x", "n": 1}, {"b": 2.5, "c": ("x", "y")}], remote_parent=True)
+    from_fields = Encoder(otel_sdk.SpanReader(fields=True)).request(spans)
+    assert encode_spans(spans) == from_fields
+
+
+async def test_with_an_unchecked_version_sdk_spans_reach_the_receiver_through_the_sdks_exporter(
+    unchecked: str, plain_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: the fallback is correct, only slower: `from_env` makes SDK spans, exported by
+    the SDK's own OTLP exporter and encoder, and the receiver gets the same span."""
+    receiver = Receiver()
+    async with serve(receiver) as otlp_port:
+        endpoint = f"http://127.0.0.1:{otlp_port}/v1/traces"
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+        telemetry = Telemetry.from_env(SpanKind.CLIENT)
+        assert telemetry is not None and telemetry.direct is None
+        provider = telemetry.tracer_provider
+        assert provider is not None
+        async with sidecar(telemetry, make_app(stats=Stats())) as port:
+            done = await clients.request(port, "POST", "/v1/chat/completions", body=body(10, 0, 1))
+            await done.body()
+            done.close()
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(provider.force_flush)
+        await asyncio.to_thread(provider.shutdown)
+    assert set(receiver.content_types) == {"application/x-protobuf"}
+    (span,) = receiver.spans
+    a = attributes(span)
+    assert span.name == "chat m1" and span.kind == ProtoSpan.SPAN_KIND_CLIENT
+    assert a[semconv.OUTCOME] == "completed"
+    assert a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 10
+    assert a[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ["stop"]
+    assert [e.name for e in span.events] == [
+        semconv.EVENT_FIRST_CHUNK,
+        semconv.EVENT_UPSTREAM_DONE,
+    ]
+
+
+def test_with_an_unchecked_version_the_propagator_writes_the_upstreams_headers(
+    unchecked: str,
+) -> None:
+    """Rule: without the gate the sidecar does not read a CompositePropagator's parts; the
+    propagator itself writes the trace headers, the same ones."""
+    from sidecar.tracecontext import _w3c_propagation
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(
+        CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+    )
+    span = NonRecordingSpan(SpanContext(0x1234, 0x5678, False, TraceFlags(1)))
+    token = otel_context.attach(set_span_in_context(span))
+    try:
+        assert not _w3c_propagation()
+        headers = list(CLIENT_HEADERS)
+        inject_trace_context(headers)
+        expected = propagated(CLIENT_HEADERS)
+    finally:
+        otel_context.detach(token)
+        propagate.set_global_textmap(before)
+    assert headers == expected
+    assert (b"traceparent", b"00-%032x-%016x-01" % (0x1234, 0x5678)) in headers

@@ -1,0 +1,91 @@
+"""The metrics sink: a stream's measurements, into the locally aggregated instruments.
+
+Duration (by error type when it failed), time to first chunk, the gaps between chunks (folded
+in at once, `gaps.ChunkHistogram`), token usage by type, streams and cancellations by outcome,
+keep-alives. Only for streams and GenAI paths: health probes and model listings are not
+streams. The instruments are `Telemetry`'s (`metrics.LocalHistogram`, `LocalCounter`), which
+every collection and export reads.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from middleware.errors import Outcome
+from middleware.telemetry import semconv
+from middleware.telemetry.metrics import Key, LocalCounter, LocalHistogram, series
+from middleware.telemetry.summary import FAILURE_VALUES
+
+if TYPE_CHECKING:
+    from middleware.telemetry.gaps import ChunkHistogram
+    from middleware.telemetry.summary import Summary
+
+# The outcomes of a stream whose producer the guard cancelled (by value, as `FAILURE_VALUES`).
+_CANCELLED = frozenset(
+    FAILURE_VALUES | {Outcome.CLIENT_DISCONNECTED.value, Outcome.SLOW_CLIENT.value}
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _usage_series(key: Key) -> tuple[Key, Key]:
+    """The token-usage series (input, output) of a stream's series `key`."""
+    attributes = dict(key)
+    return (
+        series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "input"}),
+        series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "output"}),
+    )
+
+
+class MetricsSink:
+    """Records each stream's measurements in the instruments given."""
+
+    name = "metrics"
+
+    def __init__(
+        self,
+        *,
+        duration: LocalHistogram,
+        ttfc: LocalHistogram,
+        chunks: ChunkHistogram,
+        token_usage: LocalHistogram,
+        streams: LocalCounter,
+        keepalives: LocalCounter,
+        cancellations: LocalCounter,
+    ) -> None:
+        self.duration = duration
+        self.ttfc = ttfc
+        self.chunks = chunks
+        self.token_usage = token_usage
+        self.streams = streams
+        self.keepalives = keepalives
+        self.cancellations = cancellations
+
+    def emit(self, summary: Summary) -> None:
+        if not summary.genai:
+            return
+        attributes = summary.series
+        key = series(attributes)
+        error_type = summary.error_type
+        if error_type is not None:
+            by_error = series({**attributes, semconv.ERROR_TYPE: error_type})
+            self.duration.record(summary.duration, by_error)
+        else:
+            self.duration.record(summary.duration, key)
+        if summary.streaming and summary.ttft is not None:
+            self.ttfc.record(summary.ttft, key)
+        self.chunks.fold(summary.gaps, key)
+        input_tokens, output_tokens = summary.input_tokens, summary.output_tokens
+        if input_tokens is not None or output_tokens is not None:
+            by_input, by_output = _usage_series(key)
+            if input_tokens is not None:
+                self.token_usage.record(input_tokens, by_input)
+            if output_tokens is not None:
+                self.token_usage.record(output_tokens, by_output)
+        outcome = summary.outcome_value
+        by_outcome = ((semconv.OUTCOME, outcome),)
+        self.streams.add(1, by_outcome)
+        if summary.keepalives:
+            self.keepalives.add(summary.keepalives)
+        if summary.aborted_at is not None and outcome in _CANCELLED:
+            self.cancellations.add(1, by_outcome)

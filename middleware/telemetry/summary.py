@@ -1,0 +1,242 @@
+"""What one stream came to: computed once at its end, read by every sink.
+
+`Summary` turns a request's record and its cycle into the facts the sinks report — outcome,
+status and error type, times (time to first token, duration, cancel latency), the gaps'
+quantiles, token usage, model, response id and finish reasons, counts — so the span, the
+metrics and the access line agree by construction and none of them recomputes another's
+value. Pure computation: no clock read (the end time is given), no I/O; sealing the gaps is
+the one change it makes (see `gaps.Gaps.seal`).
+
+Usage and partial counts are summarised whatever the outcome: a cancelled stream reports the
+tokens it relayed. `output_tokens` is the upstream's usage when the stream carried it, else
+the content-carrying events counted (`tokens`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from middleware.errors import Outcome, StreamError
+from middleware.telemetry import semconv
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from middleware.dialects import Dialect, StreamStats
+    from middleware.telemetry.direct import DirectSpan
+    from middleware.telemetry.gaps import Gaps
+
+FAILURES = frozenset(
+    {
+        Outcome.IDLE_TIMEOUT,
+        Outcome.FIRST_TOKEN_TIMEOUT,
+        Outcome.MAX_DURATION,
+        Outcome.UPSTREAM_ERROR,
+        Outcome.SHUTDOWN,
+    }
+)
+PROVIDERS = {
+    "openai.chat": "openai",
+    "openai.completions": "openai",
+    "openai.responses": "openai",
+    "anthropic": "anthropic",
+    "tgi": "huggingface.tgi",
+}
+# By value: an Outcome hashes through a Python __hash__ (Enum's), its value as the str it is.
+FAILURE_VALUES = frozenset(o.value for o in FAILURES)
+_ERROR_REASONS = ("error",)
+
+
+class Cycle(Protocol):
+    """What telemetry reads of a request's cycle once it has run (`observed.ObservedCycle`)."""
+
+    outcome: Outcome
+    status: int
+    error: StreamError | None
+    streaming: bool
+    dialect: Dialect | None
+    started: float
+    first_token_at: float | None
+    aborted_at: float | None
+    stopped_at: float | None
+    completed_at: float | None
+    chunks: int
+    bytes: int
+    keepalives: int
+
+    def stream_stats(self) -> StreamStats | None: ...
+
+
+class Settings(Protocol):
+    """What a stream's end reads from its `Telemetry`."""
+
+    @property
+    def provider_name(self) -> str | None: ...
+    @property
+    def sinks(self) -> Sequence[Callable[[Summary], None]]: ...
+
+
+class Record(Protocol):
+    """What a stream's end reads from its record. `record.StreamRecord` is one; a protocol, not
+    an import, because the record module imports the end (`finish`) and so this module."""
+
+    @property
+    def telemetry(self) -> Settings: ...
+    @property
+    def t0(self) -> float: ...
+    @property
+    def gaps(self) -> Gaps: ...
+    @property
+    def request(self) -> Mapping[str, Any]: ...
+    @property
+    def server(self) -> Mapping[str, str | int]: ...
+    @property
+    def genai(self) -> Dialect | None: ...
+    @property
+    def text(self) -> list[str] | None: ...
+    @property
+    def span(self) -> Span | None: ...
+    @property
+    def direct(self) -> DirectSpan | None: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def request_id(self) -> str: ...
+    def ns(self, at: float) -> int: ...
+
+
+class Summary:
+    """One stream's end, as the sinks report it (see the module docstring).
+
+    `series` holds the GenAI attributes a stream's metrics are keyed by (operation, provider,
+    request model, server), empty for a request that is neither a stream nor on a GenAI path;
+    the span carries them too. Times are seconds on the cycle's monotonic clock (`end`,
+    `first_token_at`, `completed_at`, `aborted_at`; `record.ns` turns them into wall-clock
+    nanoseconds) or durations in seconds.
+    """
+
+    __slots__ = (
+        "aborted_at",
+        "bytes",
+        "cancel_latency",
+        "chunks",
+        "completed_at",
+        "dialect",
+        "duration",
+        "end",
+        "error",
+        "error_type",
+        "failure",
+        "finish_reasons",
+        "first_token_at",
+        "gap_max",
+        "gaps",
+        "genai",
+        "input_tokens",
+        "keepalives",
+        "model",
+        "operation",
+        "outcome",
+        "outcome_value",
+        "output",
+        "output_tokens",
+        "p50",
+        "p99",
+        "record",
+        "series",
+        "stats",
+        "status",
+        "streaming",
+        "tokens",
+        "tokens_per_second",
+        "ttft",
+    )
+
+    def __init__(
+        self, record: Record, cycle: Cycle, failure: BaseException | None, end: float
+    ) -> None:
+        self.record = record
+        self.end = end
+        outcome = cycle.outcome
+        if isinstance(failure, asyncio.CancelledError):
+            failure = None  # the server cancelled the request task: not the app's failure
+        elif failure is not None and outcome is Outcome.COMPLETED:
+            outcome = Outcome.UPSTREAM_ERROR
+        self.failure = failure
+        self.outcome = outcome
+        status = self.status = cycle.status or (500 if failure is not None else 0)
+        outcome_value: str = outcome._value_  # `.value` is an Enum property (a Python call)
+        self.outcome_value = outcome_value
+        error_type: str | None = None
+        if outcome_value in FAILURE_VALUES:
+            error_type = outcome_value
+        elif failure is not None:
+            error_type = type(failure).__qualname__
+        elif status >= 500:
+            error_type = str(status)
+        self.error_type = error_type
+        self.error: BaseException | None = cycle.error if cycle.error is not None else failure
+
+        t0 = record.t0
+        self.duration = end - t0
+        first_token_at = self.first_token_at = cycle.first_token_at
+        self.ttft = None if first_token_at is None else first_token_at - t0
+        aborted_at = self.aborted_at = cycle.aborted_at
+        self.completed_at = cycle.completed_at
+        stopped_at = cycle.stopped_at
+        self.cancel_latency = (
+            None if aborted_at is None or stopped_at is None else max(0.0, stopped_at - aborted_at)
+        )
+        self.streaming = streaming = cycle.streaming
+        self.chunks = cycle.chunks
+        self.bytes = cycle.bytes
+        self.keepalives = cycle.keepalives
+
+        gaps: Gaps = record.gaps
+        gaps.seal()  # the chunk times not folded yet: sorted, or into the buckets
+        self.gaps = gaps
+        self.p50, self.p99 = gaps.quantiles(0.5, 0.99)
+        self.gap_max = gaps.max if gaps.count else None
+        self.tokens_per_second = gaps.tokens_per_second()
+
+        stats: StreamStats | None = cycle.stream_stats()
+        self.stats = stats
+        self.finish_reasons: tuple[str, ...]
+        if stats is None:
+            self.tokens = self.input_tokens = self.output_tokens = None
+            self.finish_reasons = ()
+        else:
+            self.tokens = stats.tokens
+            self.input_tokens = stats.input_tokens
+            output = stats.output_tokens
+            self.output_tokens = output if output is not None else stats.tokens
+            if outcome is Outcome.COMPLETED:
+                self.finish_reasons = tuple(stats.finish_reasons)
+            else:
+                self.finish_reasons = _ERROR_REASONS
+
+        dialect: Dialect | None = cycle.dialect or record.genai
+        self.dialect = dialect
+        self.genai = genai = record.genai is not None or streaming
+        model = self.model = record.request.get(semconv.GEN_AI_REQUEST_MODEL)
+        series: dict[str, str | int] = {}
+        self.operation: str | None = None
+        if genai:
+            operation = self.operation = dialect.operation if dialect is not None else "chat"
+            provider = record.telemetry.provider_name or PROVIDERS.get(
+                dialect.name if dialect else "", "unknown"
+            )
+            series[semconv.GEN_AI_OPERATION_NAME] = operation
+            series[semconv.GEN_AI_PROVIDER_NAME] = provider
+            if model is not None:
+                series[semconv.GEN_AI_REQUEST_MODEL] = model
+            series.update(record.server)
+        self.series = series
+
+        # With capture_content: the text relayed (None without).
+        text = record.text
+        self.output = None if text is None or stats is None else "".join(text)
