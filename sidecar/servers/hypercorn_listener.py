@@ -13,7 +13,7 @@ import socket
 from typing import Any
 
 from sidecar.config import Settings
-from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers
+from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers, h2c_idle_timer
 from sidecar.servers.listener import ExitEvent
 
 logger = logging.getLogger("sidestream")
@@ -32,7 +32,8 @@ class HypercornListener(ExitEvent):
     when a request's head is complete (h11's Request, h2's RequestReceived, i.e. HEADERS
     with END_HEADERS), never on a read. So a client that trickles the preface, SETTINGS or
     a header block — or sends nothing — is closed `--header-timeout` after it connected or
-    after its last request ended. The same bound covers the TLS handshake.
+    after its last request ended (on h2c prior knowledge with the patch in
+    `hypercorn_internals.h2c_idle_timer`). The same bound covers the TLS handshake.
     """
 
     def __init__(self, app: Any, settings: Settings, sock: socket.socket | None = None) -> None:
@@ -90,5 +91,6 @@ class HypercornListener(ExitEvent):
         sock.setblocking(False)
         self.config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns and closes it
         bound_h2_stream_buffers()
+        h2c_idle_timer()
         self.started = True
         await serve(self.app, self.config, shutdown_trigger=self._exit.wait)
