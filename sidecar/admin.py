@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
+from sidecar.upstream.tls import UpstreamTLS
 from sidecar.upstream.types import Upstream
 
 HEALTH_CACHE_SECONDS = 1.0
@@ -35,7 +36,7 @@ ROUTES = {"/livez": "GET", "/readyz": "GET", "/metrics": "GET", "/drain": "POST"
 class UpstreamHealth:
     """Answers "does the upstream's health path say 200?", at most once a second."""
 
-    def __init__(self, upstream: Upstream, path: str) -> None:
+    def __init__(self, upstream: Upstream, path: str, tls: UpstreamTLS | None = None) -> None:
         self.upstream = upstream
         self.path = path
         self._checked_at = -HEALTH_CACHE_SECONDS
@@ -43,7 +44,13 @@ class UpstreamHealth:
         self._detail = "not checked yet"
         self._lock = asyncio.Lock()
         uds = upstream.path if upstream.scheme == "unix" else None
-        self._pool = httpcore.AsyncConnectionPool(max_connections=1, uds=uds, retries=0)
+        context = (
+            (tls or UpstreamTLS()).context(["http/1.1"]) if upstream.scheme == "https" else None
+        )
+        self._pool = httpcore.AsyncConnectionPool(
+            max_connections=1, uds=uds, retries=0, ssl_context=context
+        )
+        self._scheme = "https" if upstream.scheme == "https" else "http"
 
     async def check(self) -> tuple[bool, str]:
         async with self._lock:
@@ -53,7 +60,7 @@ class UpstreamHealth:
         return self._healthy, self._detail
 
     async def _probe(self) -> tuple[bool, str]:
-        url = "http://" + self.upstream.authority.decode() + self.path
+        url = f"{self._scheme}://{self.upstream.authority.decode()}{self.path}"
         timeouts = {k: HEALTH_TIMEOUT_SECONDS for k in ("connect", "read", "write", "pool")}
         try:
             response = await self._pool.request("GET", url, extensions={"timeout": timeouts})

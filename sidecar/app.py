@@ -1,5 +1,11 @@
 """Run the sidecar: the guarded proxy on the traffic port, the admin app beside it, one loop.
 
+Start-up binds every listener before any serves (`sidecar.servers.sockets`): a port in use or
+a certificate that does not load ends it with one line on stderr and exit status 1, while no
+port accepts. Once every listener is up, `--ready-file` gets the bound addresses as JSON
+(`{"listen": "HOST:PORT", "admin": "HOST:PORT" or null}`, written to a temporary file and
+renamed), so a wrapper or a test can use port 0.
+
 The traffic port is served by uvicorn (HTTP/1.1), or with `--http2` by hypercorn: HTTP/1.1
 and HTTP/2 on the same port — h2c with prior knowledge in cleartext, ALPN `h2`/`http/1.1`
 with TLS. The admin port is always uvicorn. How each server is set up lives in
@@ -17,20 +23,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
+import os
 import resource
 import signal
+import socket
 import sys
 from typing import Any
 
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
-from sidecar.config import Settings
+from sidecar.config import Settings, version
 from sidecar.proxy import ProxyApp
 from sidecar.servers.hypercorn_listener import HypercornListener
 from sidecar.servers.listener import Listener
+from sidecar.servers.sockets import (
+    StartupError,
+    bind_all,
+    bound_address,
+    check_certificate,
+    close_all,
+    listen_all,
+)
 from sidecar.servers.uvicorn_listener import admin_server, traffic_server, use_internals
+from sidecar.upstream.tls import UpstreamTLS
 
 logger = logging.getLogger("sidestream")
 
@@ -52,6 +70,7 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         max_body=settings.max_body,
         max_header_bytes=settings.max_header_bytes,
         connect_timeout=settings.connect_timeout,
+        tls=upstream_tls(settings),
     )
     options: dict[str, Any] = {"telemetry": telemetry} if telemetry is not None else {}
     return StreamGuard(
@@ -67,6 +86,10 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
     )
 
 
+def upstream_tls(settings: Settings) -> UpstreamTLS:
+    return UpstreamTLS(ca=settings.upstream_ca, insecure=settings.upstream_insecure)
+
+
 class Sidecar:
     """The process: two listeners, one registry of in-flight requests, one drain."""
 
@@ -74,14 +97,17 @@ class Sidecar:
         self.settings = settings
         self.registry = StreamRegistry()
         self.guard = build_guard(settings, self.registry, telemetry)
-        self.health = UpstreamHealth(settings.upstream, settings.upstream_health)
+        self.health = UpstreamHealth(
+            settings.upstream, settings.upstream_health, upstream_tls(settings)
+        )
         metrics = getattr(telemetry, "prometheus_text", None)
         self.admin = AdminApp(self.registry, self.health, self.start_drain, metrics)
         self.servers: list[Listener] = []
         self._drain: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
-    async def serve(self) -> None:
+    async def serve(self, sockets: dict[str, socket.socket]) -> None:
+        """Serve the listening sockets by flag (`listen`, and `admin-listen` unless off)."""
         s = self.settings
         internals = use_internals()
         traffic: Listener
@@ -89,12 +115,23 @@ class Sidecar:
             traffic = HypercornListener(self.guard, s)
         else:
             traffic = traffic_server(self.guard, s, internals=internals)
-        self.servers = [traffic, admin_server(self.admin, s, internals=internals)]
+        self.servers = [traffic]
+        if "admin-listen" in sockets:
+            self.servers.append(admin_server(self.admin, s, internals=internals))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        tasks = [asyncio.create_task(server.serve()) for server in self.servers]
+        order = [
+            sockets["listen"],
+            *([sockets["admin-listen"]] if "admin-listen" in sockets else []),
+        ]
+        tasks = [
+            asyncio.create_task(server.serve(sockets=[sock]))
+            for server, sock in zip(self.servers, order, strict=True)
+        ]
+        up = asyncio.create_task(self._announce(sockets))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        up.cancel()
         for server in self.servers:  # one listener failed or stopped: stop the other too
             server.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -103,6 +140,20 @@ class Sidecar:
                 raise task.exception()  # type: ignore[misc]
         if any(not server.started for server in self.servers) and self._drain is None:
             raise SystemExit(1)
+
+    async def _announce(self, sockets: dict[str, socket.socket]) -> None:
+        """Once every listener is up: the ready file."""
+        for server in self.servers:
+            await server.wait_started()
+        if self.settings.ready_file is not None:
+            admin = sockets.get("admin-listen")
+            write_ready_file(
+                self.settings.ready_file,
+                {
+                    "listen": bound_address(sockets["listen"]),
+                    "admin": bound_address(admin) if admin is not None else None,
+                },
+            )
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._drain is None:
@@ -128,28 +179,65 @@ class Sidecar:
             server.force_exit = force
 
 
+def write_ready_file(path: str, addresses: dict[str, str | None]) -> None:
+    """Write `addresses` as JSON to `path` atomically: a reader sees all of it or nothing."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as file:
+        json.dump(addresses, file)
+        file.write("\n")
+    os.replace(temporary, path)
+
+
+def open_listeners(settings: Settings) -> dict[str, socket.socket]:
+    """Check the certificate, bind every listener, then make them all listen (StartupError
+    before any listens)."""
+    check_certificate(settings.certfile, settings.keyfile)
+    addresses = {"listen": settings.listen}
+    if settings.admin_listen is not None:
+        addresses["admin-listen"] = settings.admin_listen
+    sockets = bind_all(addresses)
+    listen_all(sockets)
+    return sockets
+
+
 def run(settings: Settings, telemetry: Any = None) -> int:
+    """Run until stopped: 0 after a drain or a signal, 1 when start-up fails (one line)."""
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    try:
+        sockets = open_listeners(settings)
+    except StartupError as exc:
+        sys.stderr.write(f"sidestream: error: {exc}\n")
+        return 1
     limit = raise_nofile_limit()
+    admin = sockets.get("admin-listen")
     logger.info(
-        "sidestream on %s:%d -> %s (admin %s:%d, %d file descriptors)",
-        *settings.listen,
+        "sidestream %s on %s -> %s (admin %s, %d file descriptors)",
+        version(),
+        bound_address(sockets["listen"]),
         settings.upstream,
-        *settings.admin_listen,
+        bound_address(admin) if admin is not None else "off",
         limit,
     )
+    if settings.upstream_insecure:
+        logger.warning(
+            "--upstream-insecure: the upstream's TLS certificate is NOT checked; "
+            "anyone on the path can read and change the traffic (for tests only)"
+        )
     # Everything alive now (modules, the SDK, config) lives as long as the process: keep it
     # out of the cyclic collector's scans, so collections cost what the streams allocate.
     gc.collect()
     gc.freeze()
     try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        asyncio.run(Sidecar(settings, telemetry).serve())
-    else:
-        uvloop.run(Sidecar(settings, telemetry).serve())
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+            asyncio.run(Sidecar(settings, telemetry).serve(sockets))
+        else:
+            uvloop.run(Sidecar(settings, telemetry).serve(sockets))
+    finally:
+        close_all(sockets)
     return 0

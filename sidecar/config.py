@@ -7,7 +7,9 @@ A bad value, from either, exits with status 2 and one line naming the flag (and 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ ENV_PREFIX = "SIDESTREAM_"
 class Settings:
     listen: tuple[str, int]
     upstream: Upstream
-    admin_listen: tuple[str, int]
+    admin_listen: tuple[str, int] | None
     upstream_health: str
     keepalive_interval: float | None
     first_token_timeout: float | None
@@ -39,14 +41,34 @@ class Settings:
     certfile: str | None
     keyfile: str | None
     log_level: str
+    upstream_ca: str | None = None
+    upstream_insecure: bool = False
+    ready_file: str | None = None
 
 
 def host_port(value: str) -> tuple[str, int]:
+    """HOST:PORT; port 0 asks the system for a free port (the start line and the ready file
+    name the one bound)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
+
+
+def host_port_or_off(value: str) -> tuple[str, int] | None:
+    if value.strip().lower() == "off":
+        return None
+    return host_port(value)
+
+
+def ca_file(value: str) -> str:
+    """A PEM file of CA certificates, loaded once here so a bad one is a flag error."""
+    try:
+        ssl.create_default_context(cafile=value)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load CA certificates from {value!r}: {exc}") from None
+    return value
 
 
 def _float(value: str) -> float:
@@ -125,13 +147,14 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         "upstream",
         Upstream.parse,
         None,
-        "the inference server: http://HOST:PORT, h2c://HOST:PORT or unix:/PATH",
+        "the inference server: http://HOST:PORT, https://HOST:PORT (h2 or HTTP/1.1 by ALPN), "
+        "h2c://HOST:PORT or unix:/PATH",
     ),
     (
         "admin-listen",
-        host_port,
+        host_port_or_off,
         "127.0.0.1:9901",
-        "admin listener (/livez /readyz /metrics /drain)",
+        "admin listener (/livez /readyz /metrics /drain); 'off' runs none",
     ),
     ("upstream-health", health_path, "/health", "upstream path /readyz checks"),
     ("keepalive-interval", seconds_or_off, "15", "idle seconds before an SSE keep-alive comment"),
@@ -164,7 +187,31 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ("certfile", str, None, "TLS certificate (PEM) for the traffic listener"),
     ("keyfile", str, None, "TLS private key (PEM) for the traffic listener"),
     ("log-level", log_level, "info", "critical, error, warning, info or debug"),
+    (
+        "upstream-ca",
+        ca_file,
+        None,
+        "CA certificates (PEM) to check an https:// upstream with, instead of the system's",
+    ),
+    (
+        "upstream-insecure",
+        flag_bool,
+        "false",
+        "do not check the https:// upstream's certificate (tests only; warned at start)",
+    ),
+    (
+        "ready-file",
+        str,
+        None,
+        "write the bound addresses here as JSON once every listener is up",
+    ),
 )
+
+SWITCHES = ("http2", "upstream-insecure")  # flags that take no value on the command line
+
+
+def version() -> str:
+    return importlib.metadata.version("sidestream")
 
 
 def env_name(flag: str) -> str:
@@ -182,11 +229,15 @@ def parser() -> argparse.ArgumentParser:
         description="sidestream sidecar: a streaming-safe reverse proxy for an inference server.",
         epilog="Timeouts accept 0 or 'off' to disable. OTEL_* variables configure telemetry.",
     )
+    p.add_argument("--version", action="version", version=f"sidestream {version()}")
     for flag, _, default, text in FLAGS:
         shown = "required" if flag == "upstream" else f"default {default}"
-        if flag == "http2":
+        if flag in SWITCHES:
             p.add_argument(
-                "--http2", action="store_const", const="true", help=f"{text} [{env_name(flag)}]"
+                f"--{flag}",
+                action="store_const",
+                const="true",
+                help=f"{text} [{env_name(flag)}; {shown}]",
             )
             continue
         metavar = flag.split("-")[-1].upper()

@@ -35,8 +35,10 @@ from middleware.errors import StreamError, UpstreamConnectError, UpstreamProtoco
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send
 from sidecar import headers as rules
 from sidecar.tracecontext import inject_trace_context
+from sidecar.upstream.errors import UpstreamTimeout
 from sidecar.upstream.h1 import Body as H1Body
 from sidecar.upstream.pools import make_pool
+from sidecar.upstream.tls import UpstreamTLS
 from sidecar.upstream.types import Pool, Upstream
 
 MiB = 1024 * 1024
@@ -59,7 +61,7 @@ def map_exceptions() -> Iterator[None]:
     try:
         yield
     except httpcore.ConnectTimeout as exc:
-        raise UpstreamConnectError(f"timed out connecting to the upstream: {exc}") from exc
+        raise UpstreamTimeout(f"timed out connecting to the upstream: {exc}") from exc
     except httpcore.ConnectError as exc:
         raise UpstreamConnectError(f"could not connect to the upstream: {exc}") from exc
     except (
@@ -152,12 +154,13 @@ class ProxyApp:
         max_header_bytes: int = 32768,
         connect_timeout: float = 10.0,
         max_idle_connections: int = 256,
+        tls: UpstreamTLS | None = None,
     ) -> None:
         self.upstream = upstream
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.pool: Pool = make_pool(
-            upstream, connect_timeout=connect_timeout, max_idle=max_idle_connections
+            upstream, connect_timeout=connect_timeout, max_idle=max_idle_connections, tls=tls
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,4 +1,5 @@
-"""Every use of hypercorn's private internals: the bounded HTTP/2 per-stream send buffer.
+"""Every use of hypercorn's private internals: the bounded HTTP/2 per-stream send buffer, and
+the idle (header) timer on h2c prior-knowledge connections.
 
 Checked against hypercorn 0.18.0 (`CHECKED`). Gate: a runtime check, `checked()` — the
 installed release's major.minor is one checked and `hypercorn.protocol.h2` still has
@@ -9,7 +10,19 @@ it loses is the pause of the upstream for a slow HTTP/2 client, which a later hy
 well fix itself, and the replacement below relies on the buffer's private fields
 (`buffer`, `_paused`, `_is_empty`), which a later release may change.
 
-The patch is applied when the `--http2` listener starts serving, never on import.
+The second patch (`h2c_idle_timer()`): hypercorn's one per-connection timer,
+`keep_alive_timeout` (the sidecar's `--header-timeout`), runs while a connection has no
+request in progress. A cleartext connection starts on HTTP/1.1; h11 parses the h2c preface
+`PRI * HTTP/2.0` as a request, so hypercorn stops the timer ("a request began") and then
+switches to HTTP/2 — where nothing restarts it until a stream *ends*. A client that sends
+the preface and then a header block it never finishes (or nothing at all) would hold the
+connection forever. The patch wraps `ProtocolWrapper.handle`: when it has just switched to
+HTTP/2 and no stream is open, it reports the connection idle (`Updated(idle=True)`), which
+restarts the timer. Private names: `ProtocolWrapper.handle`, `.protocol`, `.send`;
+`H2Protocol.idle`. Without it (gate says no): logged, and h2c prior-knowledge connections
+have no header deadline; TLS (ALPN h2) and HTTP/1.1 keep theirs.
+
+The patches are applied when the `--http2` listener starts serving, never on import.
 """
 
 from __future__ import annotations
@@ -35,7 +48,14 @@ def checked(version: str | None = None) -> bool:
     version = installed() if version is None else version
     if ".".join(version.split(".")[:2]) not in CHECKED:
         return False
-    return hasattr(hyper_h2, "StreamBuffer") and hasattr(hyper_h2, "BUFFER_LOW_WATER")
+    from hypercorn.protocol import ProtocolWrapper
+
+    return (
+        hasattr(hyper_h2, "StreamBuffer")
+        and hasattr(hyper_h2, "BUFFER_LOW_WATER")
+        and callable(getattr(ProtocolWrapper, "handle", None))
+        and isinstance(getattr(hyper_h2.H2Protocol, "idle", None), property)
+    )
 
 
 def bound_h2_stream_buffers() -> bool:
@@ -76,4 +96,35 @@ def bound_h2_stream_buffers() -> bool:
             return data
 
     hyper_h2.StreamBuffer = StreamBuffer  # type: ignore[misc]
+    return True
+
+
+def h2c_idle_timer() -> bool:
+    """Restart hypercorn's idle timer when a cleartext connection switches to HTTP/2 with no
+    stream open (idempotent); False when the gate says no (logged). See the module docstring."""
+    from hypercorn.events import Event, Updated
+    from hypercorn.protocol import ProtocolWrapper
+    from hypercorn.protocol.h2 import H2Protocol
+
+    if getattr(ProtocolWrapper, "sidestream_h2c_idle", False):
+        return True
+    if not checked():
+        logger.warning(
+            "hypercorn %s is not a release sidestream was checked against (%s): an h2c "
+            "connection (prior knowledge) gets no --header-timeout",
+            installed(),
+            ", ".join(CHECKED),
+        )
+        return False
+    handle = ProtocolWrapper.handle
+
+    async def handle_then_report_idle(self: ProtocolWrapper, event: Event) -> None:
+        before = self.protocol
+        await handle(self, event)
+        after = self.protocol
+        if after is not before and isinstance(after, H2Protocol) and after.idle:
+            await self.send(Updated(idle=True))
+
+    ProtocolWrapper.handle = handle_then_report_idle  # type: ignore[method-assign]
+    ProtocolWrapper.sidestream_h2c_idle = True  # type: ignore[attr-defined]
     return True

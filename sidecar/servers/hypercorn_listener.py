@@ -13,7 +13,7 @@ import socket
 from typing import Any
 
 from sidecar.config import Settings
-from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers
+from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers, h2c_idle_timer
 from sidecar.servers.listener import ExitEvent
 
 logger = logging.getLogger("sidestream")
@@ -22,9 +22,18 @@ logger = logging.getLogger("sidestream")
 class HypercornListener(ExitEvent):
     """hypercorn's asyncio `serve()` behind uvicorn.Server's three flags.
 
-    The socket is bound here (or given, bound, by a test), before hypercorn starts, so a
-    port in use fails like uvicorn (logged, exit status 1), and `started` means listening.
-    `should_exit` fires hypercorn's `shutdown_trigger`; `force_exit` drops its graceful wait.
+    It serves the socket given to `serve()` (bound and listening: the sidecar binds every
+    listener before any serves), or one it binds itself (`sock`, or the listen address) for
+    tests. `should_exit` fires hypercorn's `shutdown_trigger`; `force_exit` drops its
+    graceful wait.
+
+    `--header-timeout` is hypercorn's `keep_alive_timeout`: hypercorn arms that one timer
+    when a connection opens and whenever it has no request in progress, and stops it only
+    when a request's head is complete (h11's Request, h2's RequestReceived, i.e. HEADERS
+    with END_HEADERS), never on a read. So a client that trickles the preface, SETTINGS or
+    a header block — or sends nothing — is closed `--header-timeout` after it connected or
+    after its last request ended (on h2c prior knowledge with the patch in
+    `hypercorn_internals.h2c_idle_timer`). The same bound covers the TLS handshake.
     """
 
     def __init__(self, app: Any, settings: Settings, sock: socket.socket | None = None) -> None:
@@ -48,11 +57,14 @@ class HypercornListener(ExitEvent):
         # very stream, then cannot send its response: the request is lost. Never close for
         # a request count (uvicorn does not either).
         config.keep_alive_max_requests = 2**31
+        if settings.header_timeout is not None:
+            config.keep_alive_timeout = settings.header_timeout
+            config.ssl_handshake_timeout = settings.header_timeout
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         config.loglevel = settings.log_level.upper()
-        self.started = False
         self._exit = asyncio.Event()
+        self._up = asyncio.Event()
 
     @property
     def force_exit(self) -> bool:
@@ -63,10 +75,10 @@ class HypercornListener(ExitEvent):
         if value:  # read by hypercorn once its shutdown_trigger has fired
             self.config.graceful_timeout = 0.0
 
-    async def serve(self) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         from hypercorn.asyncio import serve
 
-        sock = self.sock
+        sock = sockets[0] if sockets else self.sock
         if sock is None:
             host, port = self.settings.listen
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -79,5 +91,6 @@ class HypercornListener(ExitEvent):
         sock.setblocking(False)
         self.config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns and closes it
         bound_h2_stream_buffers()
+        h2c_idle_timer()
         self.started = True
         await serve(self.app, self.config, shutdown_trigger=self._exit.wait)

@@ -219,6 +219,7 @@ class QuietServer(ExitEvent, uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config) -> None:
         self._exit = asyncio.Event()
+        self._up = asyncio.Event()
         super().__init__(config)
 
     @contextlib.contextmanager

@@ -1,5 +1,8 @@
 """The uvicorn adapter: the traffic listener (HTTP/1.1) and the admin listener as servers.
 
+Each serves a socket the sidecar bound and put to listen itself (`serve(sockets=[sock])`):
+the address in the config is only what uvicorn's messages name.
+
 `use_internals()` asks the gate in `sidecar.servers.uvicorn_internals` once, at start.
 When it says yes, the traffic port runs the sidecar's protocol (request-head deadline and
 size cap, CONNECT 405, the `sidestream.send_nowait` extension) and both servers wait on an
@@ -63,6 +66,7 @@ def traffic_server(app: Any, settings: Settings, *, internals: bool) -> QuietSer
 
 def admin_server(app: Any, settings: Settings, *, internals: bool) -> QuietServer:
     """uvicorn serving the admin app on the admin port."""
+    assert settings.admin_listen is not None
     config = _config(app, settings, settings.admin_listen, http="httptools")
     return EventServer(config) if internals else QuietServer(config)
 

@@ -7,6 +7,10 @@ the response complete and keep-alive allowed, returns the connection to the pool
 it any other way — an exception, a cancellation, a body not read to its end — aborts the
 connection synchronously, before any await, so the upstream sees the close at once.
 
+With an `ssl_context` (`https://` upstreams that chose HTTP/1.1 by ALPN) the same protocol
+runs over asyncio's TLS transport: it sees plaintext in `data_received`, so the read-callback
+fast path is unchanged.
+
 A reused connection that fails before any response byte, while no request body byte has
 been taken from the client, is retried once on a fresh connection: the keep-alive race
 (the upstream closed it as we sent), when sending again is still safe.
@@ -16,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import types
 from collections.abc import AsyncIterable, AsyncIterator
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
+from sidecar.upstream.errors import UpstreamTimeout
 from sidecar.upstream.h1 import Body, H1Connection, encode_head
+from sidecar.upstream.tls import tls_error
 from sidecar.upstream.types import Headers, Response
 
 
@@ -36,6 +43,7 @@ class H1Pool:
         max_idle: int = 256,
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 4.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -43,6 +51,7 @@ class H1Pool:
         self.max_idle = max_idle
         self.connect_timeout = connect_timeout
         self.keepalive_expiry = keepalive_expiry
+        self.ssl_context = ssl_context
         self._idle: collections.deque[H1Connection] = collections.deque()
         self._closed = False
 
@@ -82,11 +91,21 @@ class H1Pool:
             async with asyncio.timeout(self.connect_timeout):
                 if self.path is not None:
                     _, conn = await loop.create_unix_connection(H1Connection, self.path)
+                elif self.ssl_context is not None:
+                    _, conn = await loop.create_connection(
+                        H1Connection,
+                        self.host,
+                        self.port,
+                        ssl=self.ssl_context,
+                        server_hostname=self.host,
+                    )
                 else:
                     _, conn = await loop.create_connection(H1Connection, self.host, self.port)
         except TimeoutError:
             message = f"timed out connecting to the upstream {where} ({self.connect_timeout} s)"
-            raise UpstreamConnectError(message) from None
+            raise UpstreamTimeout(message) from None
+        except ssl.SSLError as exc:  # before OSError, its base class
+            raise tls_error(where, exc) from None
         except OSError as exc:
             raise UpstreamConnectError(f"could not connect to the upstream {where}: {exc}") from exc
         return conn

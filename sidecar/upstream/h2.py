@@ -1,4 +1,5 @@
-"""The HTTP/2 upstream (`h2c://`, prior knowledge): a pool of multiplexed connections.
+"""The HTTP/2 upstream (`h2c://` prior knowledge, or `https://` when the upstream chose h2 by
+ALPN): a pool of multiplexed connections.
 
 Each connection is `httpcore_internals.Connection`: httpcore's HTTP/2 connection with
 `RST_STREAM(CANCEL)` for abandoned streams and a bounded receive window per stream (see
@@ -12,26 +13,69 @@ that stream alone.
 
 from __future__ import annotations
 
+import ssl
 import types
 from collections.abc import AsyncIterable
 
 import anyio
 import httpcore
 
+from middleware.errors import UpstreamConnectError
+from sidecar.upstream.errors import UpstreamTimeout
 from sidecar.upstream.httpcore_internals import Connection
+from sidecar.upstream.tls import tls_error
 from sidecar.upstream.types import Headers, Response, Upstream
 
 STREAM_WINDOW = 256 * 1024
 
 
+def _scheme(upstream: Upstream) -> bytes:
+    return b"https" if upstream.scheme == "https" else b"http"
+
+
 def _origin(upstream: Upstream) -> httpcore.Origin:
-    return httpcore.Origin(b"http", upstream.host.encode("ascii"), upstream.port)
+    return httpcore.Origin(_scheme(upstream), upstream.host.encode("ascii"), upstream.port)
 
 
 def _url(upstream: Upstream, target: bytes) -> httpcore.URL:
     return httpcore.URL(
-        scheme=b"http", host=upstream.host.encode("ascii"), port=upstream.port, target=target
+        scheme=_scheme(upstream),
+        host=upstream.host.encode("ascii"),
+        port=upstream.port,
+        target=target,
     )
+
+
+async def connect(
+    backend: httpcore.AsyncNetworkBackend,
+    upstream: Upstream,
+    timeout: float,
+    ssl_context: ssl.SSLContext | None = None,
+) -> httpcore.AsyncNetworkStream:
+    """A TCP connection to the upstream, with TLS over it when `ssl_context` is given (SNI
+    and the hostname check use the upstream's host); `timeout` bounds both. Failures are
+    raised as `UpstreamTimeout`, `UpstreamTLSError` or `UpstreamConnectError`."""
+    where = f"{upstream.host}:{upstream.port}"
+    try:
+        with anyio.fail_after(timeout):
+            stream = await backend.connect_tcp(upstream.host, upstream.port)
+            if ssl_context is not None:
+                try:
+                    stream = await stream.start_tls(ssl_context, server_hostname=upstream.host)
+                except BaseException:
+                    await stream.aclose()
+                    raise
+    except (TimeoutError, httpcore.ConnectTimeout):
+        message = f"timed out connecting to the upstream {where} ({timeout} s)"
+        raise UpstreamTimeout(message) from None
+    except httpcore.ConnectError as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, ssl.SSLError):
+            cause = cause.__cause__  # anyio wraps an EOF in the handshake once more
+        if cause is not None:
+            raise tls_error(where, cause) from None
+        raise UpstreamConnectError(f"could not connect to the upstream {where}: {exc}") from exc
+    return stream
 
 
 class HTTP2Pool:
@@ -44,8 +88,10 @@ class HTTP2Pool:
         max_streams_per_connection: int = 100,
         connect_timeout: float = 10.0,
         stream_window: int = STREAM_WINDOW,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.upstream = upstream
+        self.ssl_context = ssl_context
         self.max_streams_per_connection = max_streams_per_connection
         self.connect_timeout = connect_timeout
         self.stream_window = stream_window
@@ -81,8 +127,8 @@ class HTTP2Pool:
             async with self._connect_lock:
                 if not self._usable(self._current):
                     await self._retire(self._current)
-                    stream = await self._backend.connect_tcp(
-                        self.upstream.host, self.upstream.port, timeout=self.connect_timeout
+                    stream = await connect(
+                        self._backend, self.upstream, self.connect_timeout, self.ssl_context
                     )
                     self._current = Connection(
                         _origin(self.upstream), stream, stream_window=self.stream_window

@@ -1,8 +1,8 @@
 """What every upstream client shares: the origin (`Upstream`), headers, the `Response`, and
 the `Pool` and `Exchange` interfaces the proxy talks to.
 
-The clients (`sidecar.upstream.h1`/`h1pool` for HTTP/1.1, `sidecar.upstream.h2` for h2c)
-import this module and not each other; `sidecar.upstream.pools.make_pool` picks one.
+The clients (`sidecar.upstream.h1`/`h1pool` for HTTP/1.1, `sidecar.upstream.h2` for h2c and
+h2) import this module and not each other; `sidecar.upstream.pools.make_pool` picks one.
 """
 
 from __future__ import annotations
@@ -15,9 +15,14 @@ from typing import Literal, Protocol
 
 Headers = list[tuple[bytes, bytes]]
 
-Scheme = Literal["http", "h2c", "unix"]
+Scheme = Literal["http", "https", "h2c", "unix"]
 
-_SCHEMES: tuple[Scheme, ...] = ("http", "h2c", "unix")
+_SCHEMES: tuple[Scheme, ...] = ("http", "https", "h2c", "unix")
+_NETWORK: dict[str, tuple[Scheme, int]] = {
+    "http": ("http", 80),
+    "https": ("https", 443),
+    "h2c": ("h2c", 80),
+}
 
 
 class Response:
@@ -33,7 +38,8 @@ class Response:
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where the proxy sends every request: `http://host:port`, `h2c://host:port`, `unix:/path`."""
+    """Where the proxy sends every request: `http://host:port`, `https://host:port` (TLS, h2 or
+    HTTP/1.1 by ALPN), `h2c://host:port`, `unix:/path`."""
 
     scheme: Scheme
     host: str = "localhost"
@@ -51,23 +57,22 @@ class Upstream:
                 raise ValueError(f"upstream {url!r}: a unix socket needs an absolute path")
             return cls("unix", path=path)
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "h2c"):
+        if parts.scheme not in _NETWORK:
             raise ValueError(
-                f"upstream {url!r}: scheme must be one of "
-                + ", ".join(f"{s}:" for s in _SCHEMES)
-                + (" (TLS to the upstream is not supported)" if parts.scheme == "https" else "")
+                f"upstream {url!r}: scheme must be one of " + ", ".join(f"{s}:" for s in _SCHEMES)
             )
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError(f"upstream {url!r}: must be an origin, without path or query")
         if parts.username or parts.password:
             raise ValueError(f"upstream {url!r}: must not carry credentials")
+        scheme, default_port = _NETWORK[parts.scheme]
         try:
-            port = parts.port or 80
+            port = parts.port or default_port
         except ValueError:
             raise ValueError(f"upstream {url!r}: the port is not a number in 1-65535") from None
         if not parts.hostname:
             raise ValueError(f"upstream {url!r}: the host is missing")
-        return cls("http" if parts.scheme == "http" else "h2c", parts.hostname, port)
+        return cls(scheme, parts.hostname, port)
 
     @property
     def authority(self) -> bytes:

@@ -51,7 +51,7 @@ def test_help_names_every_flag_with_its_env_var_and_default() -> None:
     [
         (["--idle-timeout", "soon"], {}, "--idle-timeout"),
         (["--listen", "8080"], {}, "--listen"),
-        (["--upstream", "https://x:1"], {}, "--upstream"),
+        (["--upstream", "ftp://x:1"], {}, "--upstream"),
         ([], {"SIDESTREAM_MAX_STREAMS": "-1"}, "SIDESTREAM_MAX_STREAMS (--max-streams)"),
         (["--certfile", "a.pem"], {}, "--certfile/--keyfile"),
     ],
