@@ -23,8 +23,8 @@ from sidecar.config import load
 from sidecar.emulator import Stats, make_app
 from sidecar.proxy import ProxyApp
 from sidecar.servers.hypercorn_listener import HypercornListener
-from tests.clients import request
-from tests.servers import bound_socket, serve, wait_listening
+from tests.support.clients import request
+from tests.support.servers import bound_socket, serve, wait_listening
 
 HEADER_TIMEOUT = 0.5
 BOUND = 3.0

@@ -31,8 +31,8 @@ from sidecar.upstream.h2 import HTTP2Pool
 from sidecar.upstream.pools import ALPNPool
 from sidecar.upstream.tls import UpstreamTLS
 from sidecar.upstream.types import Upstream
-from tests.clients import request
-from tests.servers import serve
+from tests.support.clients import request
+from tests.support.servers import serve
 
 STREAM = "/v1/stream?ttft_ms=0&itl_ms=20&tokens=500"
 

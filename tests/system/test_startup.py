@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.emulator import Stats, make_app
-from tests.procs import free_port, get
-from tests.servers import serve
+from tests.support.procs import free_port, get
+from tests.support.servers import serve
 
 SIDECAR = [sys.executable, "-m", "sidecar"]
 
