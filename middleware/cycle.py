@@ -38,7 +38,6 @@ from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("sidestream")
 
-KEEPALIVE = b": keep-alive\n"
 TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 HEADERS, DONE = Phase.HEADERS, Phase.DONE
 EXPIRED: dict[Expiry, type[StreamError]] = {
@@ -65,7 +64,6 @@ class Cycle(Relay):
         "aborted_at",
         "cancelled_task",
         "error",
-        "keepalives",
         "loop",
         "outcome",
         "running",
@@ -103,7 +101,6 @@ class Cycle(Relay):
         self.streaming = False  # a guarded stream: SSE or another configured type
         self.sse = False
         self.timer: asyncio.TimerHandle | None = None
-        self.keepalives = 0
         self.outcome = Outcome.COMPLETED
         self.cancelled_task = False
         # Read once at the request's end (telemetry, the access line).
@@ -150,6 +147,17 @@ class Cycle(Relay):
             self.outcome = error.outcome
             self.error = error
             await self._fail(error)
+        if self.outcome is Outcome.SLOW_CLIENT and self.phase is not DONE:
+            drop_slow_client(self.scope, self.settings.timeouts.send_timeout)
+
+    async def refuse(self, error: StreamError) -> None:
+        """Answer `error` (a 503 with `Retry-After`) without running the app: admission
+        refused. The request still has an outcome, for telemetry to report."""
+        self.outcome = error.outcome
+        self.error = error
+        self.stopped_at = monotonic()
+        await self._fail(error)
+        logger.debug("refused a request: %s", error.code)
 
     def shut_down(self) -> None:
         """Drain: end this request now with a retryable error (StreamRegistry.drain)."""
@@ -220,6 +228,10 @@ class Cycle(Relay):
     async def _start(self, message: Message) -> None:
         headers = message.get("headers", ())
         self.status = status = message["status"]
+        if status >= 500:  # the app's (the upstream's) own failure, passed through
+            self.outcome = Outcome.UPSTREAM_ERROR
+        elif status == 429:
+            self.outcome = Outcome.RATE_LIMITED
         kind = guarded(headers, status, self.scope.get("method"), self.settings.content_types)
         if kind is None:
             self._enter(Phase.PLAIN)
@@ -283,16 +295,17 @@ class Cycle(Relay):
             return
         self._arm(next_deadline(timeouts, self, now))
 
-    async def _write_keepalive(self, now: float) -> None:
-        self.sending_since = now
-        if self.phase is HEADERS:
-            self.wrote_before_body = True
-        try:
-            await self.downstream(
-                {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
-            )
-            self.keepalives += 1
-        finally:
-            self.sending_since = None
-            self.last_write = now
-            self.keepalive = None
+
+def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
+    """The client accepted nothing for send_timeout: close its connection (through the
+    server's `abort`, where offered, so the server logs no incomplete response) and say so
+    once."""
+    offer = (scope.get("extensions") or {}).get(SEND_NOWAIT)
+    if offer is not None and "abort" in offer:
+        offer["abort"]()
+    client = scope.get("client")
+    logger.info(
+        "dropped a slow client %s: it accepted nothing for %s s",
+        f"{client[0]}:{client[1]}" if client else "",
+        send_timeout,
+    )

@@ -21,7 +21,10 @@ class Outcome(StrEnum):
     FIRST_TOKEN_TIMEOUT = "first_token_timeout"
     MAX_DURATION = "max_duration"
     SLOW_CLIENT = "slow_client"
-    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_ERROR = "upstream_error"  # a failure, or the upstream's own 5xx passed through
+    RATE_LIMITED = "rate_limited"  # the upstream's own 429 passed through
+    REJECTED_OVERLOAD = "rejected_overload"  # refused at admission: too many in flight
+    REJECTED_DRAINING = "rejected_draining"  # refused at admission: draining
     SHUTDOWN = "shutdown"
 
 
@@ -101,5 +104,12 @@ class TooManyStreams(StreamError):
     status = 503
     type = "unavailable"
     code = "too_many_streams"
+    outcome = Outcome.REJECTED_OVERLOAD
     retryable = True
     default_message = "this server holds its maximum number of streams; retry shortly"
+
+
+class Draining(ShuttingDown):
+    """Drain under way: a new request is refused before it reaches the app."""
+
+    outcome = Outcome.REJECTED_DRAINING

@@ -30,8 +30,7 @@ from typing import Protocol
 
 from middleware.cycle import Cycle, Settings
 from middleware.deadlines import Timeouts
-from middleware.errors import ShuttingDown, StreamError, TooManyStreams
-from middleware.framing import error_response
+from middleware.errors import Draining, TooManyStreams
 from middleware.registry import StreamRegistry
 from middleware.types import ASGIApp, Receive, Scope, Send
 
@@ -99,17 +98,10 @@ class StreamGuard:
             await self.app(scope, receive, send)
             return
         registry = self.registry
+        cycle = self.cycle_class(self.settings, scope, receive, send)
         if registry.draining:
-            await _reject(send, ShuttingDown(), retry_after=1)
-            return
-        if self.max_streams is not None and len(registry) >= self.max_streams:
-            await _reject(send, TooManyStreams(), retry_after=1)
-            return
-        await self.cycle_class(self.settings, scope, receive, send).run()
-
-
-async def _reject(send: Send, error: StreamError, *, retry_after: int) -> None:
-    start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
-    await send(start)
-    await send(body)
-    logger.debug("rejected a request: %s", error.code)
+            await cycle.refuse(Draining())
+        elif self.max_streams is not None and len(registry) >= self.max_streams:
+            await cycle.refuse(TooManyStreams())
+        else:
+            await cycle.run()

@@ -21,6 +21,7 @@ from middleware.sse import LineState, SSEScanner, advance
 from middleware.types import Message, Send, SendNowait
 
 BOM = b"\xef\xbb\xbf"
+KEEPALIVE = b": keep-alive\n"
 # The hot path compares against module globals, not class attributes.
 HEADERS, BODY, DONE = Phase.HEADERS, Phase.BODY, Phase.DONE
 
@@ -37,6 +38,7 @@ class Relay:
         "first_token_at",
         "inflater",
         "keepalive",
+        "keepalives",
         "last_chunk",
         "last_write",
         "line_state",
@@ -62,6 +64,7 @@ class Relay:
         self.sending_since: float | None = None  # a write to the client under way since
         self.completed_at: float | None = None  # the app handed over its final body message
         self.keepalive: asyncio.Task[None] | None = None  # a keep-alive being written
+        self.keepalives = 0  # written so far
         self.reason: StreamError | Outcome | None = None  # why the guard stopped the app
         self.wrote_before_body = False  # a keep-alive went out before the first body byte
         self.line_state = LineState.EVENT
@@ -155,3 +158,19 @@ class Relay:
                 self.first_token_at = now
                 self.scanner = None  # nothing more to learn per chunk
                 return
+
+    async def _write_keepalive(self, now: float) -> None:
+        """One `: keep-alive` comment (started by the cycle's timer): while it is written,
+        `send` waits for it and `send_nowait` refuses: one writer at a time."""
+        self.sending_since = now
+        if self.phase is HEADERS:
+            self.wrote_before_body = True
+        try:
+            await self.downstream(
+                {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
+            )
+            self.keepalives += 1
+        finally:
+            self.sending_since = None
+            self.last_write = now
+            self.keepalive = None

@@ -16,5 +16,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Offered by the sidecar's HTTP/1.1 server, passed on by StreamGuard (its own checks first,
 # swapped into the same dict), used by the proxy to relay an upstream read without waking
 # the request's task.
+# The same dict may hold `"abort": g`: `g()` closes the connection at once and marks the
+# response abandoned, so that the server does not log an app that "returned without completing
+# the response" (the guard drops a slow client this way, with a line of its own).
 SEND_NOWAIT = "sidestream.send_nowait"
 SendNowait = Callable[[bytes], bool]
+Abort = Callable[[], None]

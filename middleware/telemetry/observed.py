@@ -15,13 +15,15 @@ tokens on the token path are added to `stats` only when someone asks (`stream_st
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from middleware.cycle import Cycle, Settings
 from middleware.dialects import Frame, StreamStats, sniff
+from middleware.errors import StreamError
 from middleware.sse import CR, LF, Event, LineState, advance
 from middleware.telemetry.finish import finish
 from middleware.telemetry.gaps import TIMES_KEPT
@@ -59,12 +61,19 @@ class ObservedCycle(Cycle):
 
     async def run(self) -> None:
         """Run the request with its span current, then finish the record."""
+        await self._observed(super().run())
+
+    async def refuse(self, error: StreamError) -> None:
+        """A request refused at admission is reported too (its outcome, the 503)."""
+        await self._observed(super().refuse(error))
+
+    async def _observed(self, work: Coroutine[Any, Any, None]) -> None:
         record = self.record
         span = record.span
         token = None if span is None else otel_context.attach(trace.set_span_in_context(span))
         failure: BaseException | None = None
         try:
-            await super().run()
+            await work
         except BaseException as exc:
             failure = exc
             raise

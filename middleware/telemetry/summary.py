@@ -47,6 +47,7 @@ PROVIDERS = {
 # By value: an Outcome hashes through a Python __hash__ (Enum's), its value as the str it is.
 FAILURE_VALUES = frozenset(o.value for o in FAILURES)
 _ERROR_REASONS = ("error",)
+_REFUSED = frozenset({Outcome.REJECTED_OVERLOAD.value, Outcome.REJECTED_DRAINING.value})
 
 
 class Cycle(Protocol):
@@ -172,7 +173,11 @@ class Summary:
         outcome_value: str = outcome._value_  # `.value` is an Enum property (a Python call)
         self.outcome_value = outcome_value
         error_type: str | None = None
-        if outcome_value in FAILURE_VALUES:
+        if outcome_value in _REFUSED:
+            error_type = outcome_value
+        elif outcome is Outcome.UPSTREAM_ERROR and cycle.error is None and failure is None:
+            error_type = str(status)  # the upstream's own 5xx, passed through
+        elif outcome_value in FAILURE_VALUES:
             error_type = outcome_value
         elif failure is not None:
             error_type = type(failure).__qualname__
@@ -221,7 +226,9 @@ class Summary:
 
         dialect: Dialect | None = cycle.dialect or record.genai
         self.dialect = dialect
-        self.genai = genai = record.genai is not None or streaming
+        # Streams and GenAI paths are reported (a health probe is not a stream), and so is
+        # every request refused at admission: a refusal is a stream that never was.
+        self.genai = genai = record.genai is not None or streaming or outcome_value in _REFUSED
         model = self.model = record.request.get(semconv.GEN_AI_REQUEST_MODEL)
         series: dict[str, str | int] = {}
         self.operation: str | None = None

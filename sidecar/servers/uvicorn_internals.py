@@ -50,7 +50,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from middleware.types import SEND_NOWAIT, SendNowait
+from middleware.types import SEND_NOWAIT, Abort, SendNowait
 from sidecar.servers.listener import ExitEvent
 
 CHECKED = ("0.55",)  # uvicorn major.minor releases these internals were read in
@@ -149,7 +149,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # A request task was made for this head (not an upgrade); HEAD responses have no body.
         if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
-            self.scope["extensions"] = {SEND_NOWAIT: {"send": _send_nowait(cycle)}}
+            offer: dict[object, object] = {"send": _send_nowait(cycle), "abort": _abort(cycle)}
+            self.scope["extensions"] = {SEND_NOWAIT: offer}
 
     def _unsupported_upgrade_warning(self) -> None:
         if not self._refused:  # CONNECT already answered: nothing to warn about
@@ -200,6 +201,17 @@ def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
         return True
 
     return send_nowait
+
+
+def _abort(cycle: RequestResponseCycle) -> Abort:
+    """The extension's `abort`: drop the client now. uvicorn logs an app that returns with its
+    response incomplete as an error unless the client is gone; marked gone, it is not."""
+
+    def abort() -> None:
+        cycle.disconnected = True
+        cycle.transport.close()
+
+    return abort
 
 
 def protocol_class(

@@ -133,7 +133,9 @@ async def test_upstream_breaking_before_headers_gets_a_json_error(
 async def test_upstream_json_errors_pass_through_unchanged(
     outcomes: list[Outcome], fault: str
 ) -> None:
-    """The upstream's own 500/429 JSON answers reach the client as they are, Retry-After kept."""
+    """The upstream's own 500/429 JSON answers reach the client as they are, Retry-After kept,
+    and count as what they are: a 5xx is `upstream_error`, a 429 `rate_limited` (not
+    `completed`, or dashboards would show failures as successes)."""
     async with FaultyUpstream() as upstream, serve(sidecar_app(upstream.port), "sidecar") as port:
         response, body = await fetch(port, fault)
         again, _ = await fetch(port, "ok")
@@ -141,8 +143,8 @@ async def test_upstream_json_errors_pass_through_unchanged(
     assert response.header("content-type") == "application/json"
     assert response.header("retry-after") == ("7" if fault == "429" else None)
     assert again.status == 200
-    # Not a stream failure: the guard relayed a complete plain response.
-    assert outcomes == [Outcome.COMPLETED, Outcome.COMPLETED]
+    expected = Outcome.UPSTREAM_ERROR if fault == "500" else Outcome.RATE_LIMITED
+    assert outcomes == [expected, Outcome.COMPLETED]
 
 
 async def test_invalid_utf8_is_forwarded_byte_for_byte(outcomes: list[Outcome]) -> None:
