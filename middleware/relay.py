@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from time import monotonic
+from typing import Protocol
 
 from middleware.dialects import Dialect, sniff
 from middleware.errors import Outcome, StreamError
@@ -26,6 +27,19 @@ KEEPALIVE = b": keep-alive\n"
 HEADERS, BODY, DONE = Phase.HEADERS, Phase.BODY, Phase.DONE
 
 
+class Edit(Protocol):
+    """A change the guard makes to a stream's bytes on their way out (resume's event ids,
+    forced usage's hidden chunk). Called with each body chunk in order, it returns the bytes
+    to write instead: nothing held back (bytes are forwarded as they come), and the output
+    ends at the same kind of line boundary as the input, so the line state the relay keeps
+    from the input holds for what was written."""
+
+    def __call__(self, body: bytes) -> bytes: ...
+
+    def undo(self) -> None:
+        """Forget the last call: its output was not written (the chunk comes again)."""
+
+
 class Relay:
     """A stream's relay state (see the module docstring); slotted, so that the fields a
     chunk touches sit in the object itself, fewer cache lines away when the next token of
@@ -35,6 +49,7 @@ class Relay:
         "completed_at",
         "dialect",
         "downstream",
+        "edit",
         "first_token_at",
         "inflater",
         "keepalive",
@@ -71,6 +86,7 @@ class Relay:
         self.scanner: SSEScanner | None = None  # until the first token
         self.dialect: Dialect | None = None
         self.inflater: Inflater | None = None
+        self.edit: Edit | None = None  # what the guard changes in the stream's bytes, if anything
 
     async def _send_other(self, message: Message) -> None:
         """Everything but a stream's body chunk (the response start, a plain response)."""
@@ -107,6 +123,8 @@ class Relay:
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
             self._relayed(body, now)
+            if self.edit is not None:
+                message = {"type": "http.response.body", "body": self.edit(body), "more_body": more}
         if not more:
             self._enter(DONE)
             self.completed_at = now
@@ -131,9 +149,17 @@ class Relay:
             or self.keepalive is not None
             or self.inflater is not None
             or self.server_nowait is None
-            or not self.server_nowait(body)
         ):
             return False
+        edit = self.edit
+        if edit is None:
+            if not self.server_nowait(body):
+                return False
+        else:
+            out = edit(body)
+            if out and not self.server_nowait(out):
+                edit.undo()  # refused: the app sends this chunk (maybe with more) by `send`
+                return False
         self.last_write = now = monotonic()
         self._relayed(body, now)
         return True
