@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any
 
+from middleware import usage
 from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
 from middleware.dialects import select
 from middleware.errors import (
@@ -55,6 +56,7 @@ class Settings:
     timeouts: Timeouts
     content_types: frozenset[bytes]
     registry: StreamRegistry
+    usage: str = "pass"  # `usage.MODES`: ask OpenAI-style upstreams for usage ("force")
 
 
 class Cycle(Relay):
@@ -119,7 +121,12 @@ class Cycle(Relay):
         error: StreamError | None = None
         self.running = True
         try:
-            await settings.app(self.scope, self.receiver.receive, self.send)
+            receive: Receive = self.receiver.receive
+            if settings.usage != "pass" and self.scope.get("method") == "POST":
+                dialect = select(self.scope.get("path", ""))
+                if dialect is not None and dialect.name in usage.PATHS:
+                    receive, self.edit = await usage.force(self.scope, receive, settings.usage)
+            await settings.app(self.scope, receive, self.send)
         except asyncio.CancelledError:
             if self.reason is None or (self.cancelled_task and task.uncancel() > base):
                 raise

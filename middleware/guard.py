@@ -33,6 +33,7 @@ from middleware.deadlines import Timeouts
 from middleware.errors import Draining, TooManyStreams
 from middleware.registry import StreamRegistry
 from middleware.types import ASGIApp, Receive, Scope, Send
+from middleware.usage import MODES
 
 logger = logging.getLogger("sidestream")
 
@@ -70,7 +71,10 @@ class StreamGuard:
         max_streams: int | None = None,
         registry: StreamRegistry | None = None,
         telemetry: Observer | None = None,
+        usage: str = "pass",
     ) -> None:
+        if usage not in MODES:
+            raise ValueError(f"usage must be one of {', '.join(MODES)}, not {usage!r}")
         self.app = app
         self.timeouts = Timeouts(
             keepalive_interval=keepalive_interval,
@@ -87,6 +91,7 @@ class StreamGuard:
             timeouts=self.timeouts,
             content_types=frozenset(t.lower().encode() for t in content_types),
             registry=self.registry,
+            usage=usage,
         )
         self.cycle_class = Cycle
         if telemetry is not None:

@@ -82,6 +82,7 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         send_timeout=settings.send_timeout,
         max_streams=settings.max_streams,
         registry=registry,
+        usage=settings.usage,
         **options,
     )
 

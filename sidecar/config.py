@@ -44,6 +44,7 @@ class Settings:
     upstream_ca: str | None = None
     upstream_insecure: bool = False
     ready_file: str | None = None
+    usage: str = "force"
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -131,6 +132,13 @@ def log_level(value: str) -> str:
     return level
 
 
+def usage_mode(value: str) -> str:
+    mode = value.strip().lower()
+    if mode not in ("force", "pass", "continuous"):
+        raise ValueError(f"expected force, pass or continuous; got {value!r}")
+    return mode
+
+
 def flag_bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -204,6 +212,13 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         str,
         None,
         "write the bound addresses here as JSON once every listener is up",
+    ),
+    (
+        "usage",
+        usage_mode,
+        "force",
+        "force: ask OpenAI-style upstreams for usage, hidden from clients that did not ask; "
+        "continuous: also per chunk (vLLM); pass: forward requests unchanged",
     ),
 )
 

@@ -45,6 +45,9 @@ DIALECT: Final = "sidestream.dialect"
 CHUNKS: Final = "sidestream.chunks"
 BYTES: Final = "sidestream.bytes"
 TOKENS: Final = "sidestream.tokens"  # content-carrying events counted by the dialect
+# Where gen_ai.usage.output_tokens came from: "reported" by the server, or "counted" from the
+# chunks relayed (a stream that ended before the server's usage chunk).
+USAGE_SOURCE: Final = "sidestream.usage.source"
 KEEPALIVES: Final = "sidestream.keepalives"
 GAP_P50: Final = "sidestream.inter_token_gap.p50"  # seconds
 GAP_P99: Final = "sidestream.inter_token_gap.p99"

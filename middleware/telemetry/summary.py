@@ -155,6 +155,7 @@ class Summary:
         "tokens",
         "tokens_per_second",
         "ttft",
+        "usage_source",
     )
 
     def __init__(
@@ -211,6 +212,7 @@ class Summary:
         stats: StreamStats | None = cycle.stream_stats()
         self.stats = stats
         self.finish_reasons: tuple[str, ...]
+        self.usage_source: str | None = None
         if stats is None:
             self.tokens = self.input_tokens = self.output_tokens = None
             self.finish_reasons = ()
@@ -219,6 +221,9 @@ class Summary:
             self.input_tokens = stats.input_tokens
             output = stats.output_tokens
             self.output_tokens = output if output is not None else stats.tokens
+            # The server's own count, or the content-carrying chunks relayed (an early end
+            # without continuous usage: no count came).
+            self.usage_source = "reported" if output is not None else "counted"
             if outcome is Outcome.COMPLETED:
                 self.finish_reasons = tuple(stats.finish_reasons)
             else:

@@ -95,8 +95,11 @@ async def test_dying_client_cancels_the_upstream_and_leaks_nothing(
 ) -> None:
     """A client dying at any phase cancels its upstream request; tasks, fds and upstream
     connections return to their baseline, and the request has exactly one outcome."""
+    # Forced usage reads a chat request's body whole before the upstream sees it; `pass`
+    # streams it, so that a client dying mid-body has an upstream request to cancel.
+    usage = ["--usage", "pass"] if phase == "request_body" else []
     async with FaultyUpstream() as upstream:
-        settings = load(["--upstream", f"http://127.0.0.1:{upstream.port}"], environ={})
+        settings = load(["--upstream", f"http://127.0.0.1:{upstream.port}", *usage], environ={})
         async with serve(build_guard(settings, StreamRegistry()), "sidecar") as port:
             warm = await request(port, "POST", CHAT, body=BODY, headers=[("X-Fault-Tokens", "2")])
             await warm.body()

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 ACCESS_FIELDS = (
     "time", "level", "logger", "request_id", "trace_id", "span_id", "method", "path",
     "model", "outcome", "status", "stream", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
-    "itl_max_ms", "tokens", "input_tokens", "output_tokens", "tokens_per_s", "duration_ms",
+    "itl_max_ms", "tokens", "input_tokens", "output_tokens", "usage_source", "tokens_per_s",
+    "duration_ms",
     "bytes", "chunks", "keepalives", "cancel_latency_ms",
 )  # fmt: skip
 _CONSTANT = {"level": "info", "logger": semconv.ACCESS_LOGGER}
@@ -100,6 +101,7 @@ class AccessSink:
             _int(summary.tokens),
             _int(summary.input_tokens),
             _int(summary.output_tokens),
+            _text(summary.usage_source),
             "null" if tokens_per_second is None else f"{tokens_per_second:.2f}",
             _ms(summary.duration),
             summary.bytes,

@@ -126,6 +126,7 @@ def attributes(summary: Summary, attrs: dict[str, Any]) -> dict[str, Any]:
         value = summary.output_tokens
         if value is not None:
             attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = value
+            attrs[semconv.USAGE_SOURCE] = summary.usage_source
     value = summary.ttft
     if value is not None:
         attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = value

@@ -1,0 +1,179 @@
+"""Forced usage: every OpenAI-style stream ends with the server's own token counts.
+
+OpenAI-style servers send a usage chunk only when the client asked for it with
+`stream_options.include_usage`, and most clients do not. With `usage="force"` the guard
+asks for it on the client's behalf — it rewrites a streaming chat/completions or
+completions request's body before the app (the proxy, the upstream) reads it — and, when
+the client had not asked, hides the usage-only chunk from the client again (`HideUsage`,
+an `Edit` on the relay), so that the client sees the bytes it would have seen without.
+`usage="continuous"` also asks vLLM for `continuous_usage_stats`, so that a stream cut
+anywhere has the server's counts so far; its per-chunk `usage` fields are hidden too.
+
+Deliberate choices (do not "fix" these):
+
+- Only a body that is a JSON object with `"stream": true`, no duplicate key, valid UTF-8,
+  and no larger than `BODY_LIMIT` is rewritten; anything else goes on byte for byte, and so
+  does a request whose client asked for usage itself. Responses and Anthropic requests carry
+  usage already and are not touched.
+- When the body has no `stream_options`, the field is inserted as text before the object's
+  closing brace: every other byte stays as the client wrote it (numbers keep their
+  spelling). An existing `stream_options` object is amended by re-serializing the body
+  (key order and non-ASCII text kept; insignificant whitespace and number spelling are not).
+- The usage chunk is found per relayed chunk by a byte search for `"usage"`; a usage event
+  split across two reads is passed through rather than held back (bytes are never held).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from middleware.types import Message, Receive, Scope
+
+MODES = ("pass", "force", "continuous")
+BODY_LIMIT = 1 << 20  # request bytes parsed at most; a larger body is forwarded unchanged
+PATHS = ("openai.chat", "openai.completions")  # the dialects whose requests are rewritten
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Duplicate("a duplicate key")
+    return obj
+
+
+def rewrite(body: bytes, mode: str) -> bytes | None:
+    """The request body with usage asked for, or None to forward `body` unchanged (not a
+    streaming JSON object, malformed, or the client asked for usage itself)."""
+    if len(body) > BODY_LIMIT:
+        return None
+    try:
+        obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or obj.get("stream") is not True:
+        return None
+    asked: dict[str, bool] = {"include_usage": True}
+    if mode == "continuous":
+        asked["continuous_usage_stats"] = True
+    options = obj.get("stream_options")
+    if options is None and "stream_options" not in obj:
+        end = body.rstrip().rfind(b"}")
+        field = json.dumps(asked, separators=(",", ":")).encode()
+        return body[:end] + b',"stream_options":' + field + body[end:]
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return None  # an odd value, or the client asked: theirs to keep
+    obj["stream_options"] = {**options, **asked}
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _with_length(scope: Scope, length: int) -> None:
+    """Set the request's Content-Length to the rewritten body's (when it had one)."""
+    headers = scope.get("headers") or []
+    if any(name == b"content-length" for name, _ in headers):
+        scope["headers"] = [
+            (name, str(length).encode() if name == b"content-length" else value)
+            for name, value in headers
+        ]
+
+
+async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, HideUsage | None]:
+    """Read the request body (up to BODY_LIMIT) and ask for usage in it. Returns the receive
+    the app reads instead (the body, rewritten or not, then the client's receive) and the
+    edit that hides usage from a client that did not ask (None when nothing was forced)."""
+    read: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        read.append(message)
+        if message["type"] != "http.request":
+            return _replay(read, receive), None  # gone before its body was in
+        size += len(message.get("body", b""))
+        if size > BODY_LIMIT:
+            return _replay(read, receive), None
+        if not message.get("more_body", False):
+            break
+    body = b"".join(m.get("body", b"") for m in read)
+    rewritten = rewrite(body, mode)
+    if rewritten is None:
+        return _replay(read, receive), None
+    _with_length(scope, len(rewritten))
+    message = {"type": "http.request", "body": rewritten, "more_body": False}
+    return _replay([message], receive), HideUsage(continuous=mode == "continuous")
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that returns `messages`, then whatever `receive` returns."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+class HideUsage:
+    """The relay's `Edit` for a client that did not ask for usage: drops the usage-only
+    event (`"choices":[]` with a `usage` object) and any `"usage":null` or, in continuous
+    mode, per-chunk usage object, so that the client reads what it would have without."""
+
+    __slots__ = ("continuous",)
+
+    def __init__(self, continuous: bool = False) -> None:
+        self.continuous = continuous
+
+    def __call__(self, body: bytes) -> bytes:
+        if b'"usage"' not in body:  # every token chunk, unless continuous
+            return body
+        return _hide(body, self.continuous)
+
+    def undo(self) -> None:
+        """Nothing to forget: each chunk is edited on its own."""
+
+
+def _hide(body: bytes, continuous: bool) -> bytes:
+    body = body.replace(b',"usage":null', b"")
+    if b'"usage"' not in body:
+        return body
+    parts = body.split(b"\n\n")
+    kept = [part for part in parts[:-1] if not _usage_only(part)]
+    if continuous:
+        kept = [_without_usage(part) for part in kept]
+    if len(kept) == len(parts) - 1 and not continuous:
+        return body
+    return b"".join(part + b"\n\n" for part in kept) + parts[-1]
+
+
+def _event_json(part: bytes) -> dict[str, Any] | None:
+    if not part.startswith(b"data: ") or b"\n" in part:
+        return None
+    try:
+        obj = json.loads(part[6:])
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _usage_only(part: bytes) -> bool:
+    """One whole `data:` event whose JSON is the usage chunk: no choices, a usage object."""
+    if b'"usage"' not in part:
+        return False
+    obj = _event_json(part)
+    return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
+
+
+def _without_usage(part: bytes) -> bytes:
+    """A continuous-usage chunk without its `usage` field (the client did not ask)."""
+    if b'"usage"' not in part:
+        return part
+    obj = _event_json(part)
+    if obj is None or "usage" not in obj:
+        return part
+    del obj["usage"]
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()

@@ -1,0 +1,205 @@
+"""Usage you can bill on, through the real stack (the sidecar's listener, StreamGuard, the
+proxy, the emulator): forced usage is invisible to a client that did not ask, untouched for
+one that did, and every stream — an early end included — ends with usage in its span and
+access line, reported by the server or counted from the chunks relayed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from middleware.registry import StreamRegistry
+from middleware.telemetry import Telemetry, semconv
+from middleware.types import Message, Receive, Scope, Send
+from sidecar.app import build_guard
+from sidecar.config import load
+from sidecar.emulator import Stats, make_app
+from tests.support.clients import request
+from tests.support.servers import serve
+
+CHAT = "/v1/chat/completions"
+
+
+class Recording:
+    """The emulator, keeping each request body it was sent (what the upstream saw)."""
+
+    def __init__(self) -> None:
+        self.stats = Stats()
+        self.app = make_app(stats=self.stats)
+        self.bodies: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        parts: list[bytes] = []
+
+        async def tapped() -> Message:
+            message = await receive()
+            parts.append(message.get("body", b""))
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                self.bodies.append(json.loads(b"".join(parts)))
+            return message
+
+        await self.app(scope, tapped, send)
+
+
+@contextlib.asynccontextmanager
+async def stack(*flags: str) -> AsyncIterator[tuple[int, Recording, InMemorySpanExporter, Any]]:
+    spans = InMemorySpanExporter()
+    telemetry = Telemetry(
+        span_processor=SimpleSpanProcessor(spans), metric_readers=[InMemoryMetricReader()]
+    )
+    upstream = Recording()
+    async with serve(upstream) as up:
+        settings = load(["--upstream", f"http://127.0.0.1:{up}", *flags], environ={})
+        registry = StreamRegistry()
+        async with serve(build_guard(settings, registry, telemetry), "sidecar") as port:
+            yield port, upstream, spans, registry
+
+
+def chat(tokens: int = 6, usage: bool | None = None, **pacing: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "m",
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+        "sidestream": {"tokens": tokens, "itl_ms": 5, **pacing},
+    }
+    if usage is not None:
+        body["stream_options"] = {"include_usage": usage}
+    return body
+
+
+async def raw(port: int, body: dict[str, Any]) -> bytes:
+    response = await request(port, "POST", CHAT, body=json.dumps(body).encode())
+    text = await asyncio.wait_for(response.body(), 10)
+    response.close()
+    return text
+
+
+def same_shape(text: bytes) -> bytes:
+    """A stream's bytes with the emulator's per-request id and timestamp made equal."""
+    text = re.sub(rb'"id":"chatcmpl-[0-9a-f]+"', b'"id":"x"', text)
+    return re.sub(rb'"created":\d+', b'"created":0', text)
+
+
+def span_of(spans: InMemorySpanExporter) -> ReadableSpan:
+    (span,) = [s for s in spans.get_finished_spans() if s.attributes]
+    return span
+
+
+async def test_forced_usage_is_invisible_to_a_client_that_did_not_ask(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without `include_usage` the client reads exactly the bytes of a `--usage pass` run; the
+    upstream was asked for usage, and the span and access line carry the server's counts."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+    async with stack("--usage", "pass") as (port, upstream, _, _):
+        passed = await raw(port, chat())
+        assert "stream_options" not in upstream.bodies[-1]
+    async with stack() as (port, upstream, spans, _):
+        forced = await raw(port, chat())
+        assert upstream.bodies[-1]["stream_options"] == {"include_usage": True}
+        await asyncio.sleep(0)
+        span = span_of(spans)
+    assert same_shape(forced) == same_shape(passed)
+    assert b'"usage"' not in forced
+    assert span.attributes is not None
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] > 0
+    assert span.attributes[semconv.USAGE_SOURCE] == "reported"
+    line = json.loads([r for r in caplog.records if r.name == semconv.ACCESS_LOGGER][-1].message)
+    assert line["output_tokens"] == 6 and line["usage_source"] == "reported"
+
+
+async def test_the_openai_sdk_that_asked_for_usage_gets_it_untouched() -> None:
+    """A client that asked sees the usage chunk (the official SDK parses it), and the
+    request reached the upstream as the client wrote it."""
+    async with stack() as (port, upstream, _, _):
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
+        )
+        body = chat()
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=body["messages"],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"sidestream": body["sidestream"]},
+        )
+        chunks = [chunk async for chunk in stream]
+        await client.close()
+        assert upstream.bodies[-1]["stream_options"] == {"include_usage": True}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert sum(bool(c.choices and c.choices[0].delta.content) for c in chunks) == 6
+
+
+async def test_the_openai_sdk_without_usage_never_sees_a_usage_chunk() -> None:
+    """The official SDK, not asking: every chunk has choices, none has usage."""
+    async with stack() as (port, _, spans, _):
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
+        )
+        body = chat()
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=body["messages"],
+            stream=True,
+            extra_body={"sidestream": body["sidestream"]},
+        )
+        chunks = [chunk async for chunk in stream]
+        await client.close()
+        await asyncio.sleep(0)
+        span = span_of(spans)
+    assert all(c.usage is None and c.choices for c in chunks)
+    assert span.attributes is not None
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
+
+
+@pytest.mark.parametrize("end", ["client_close", "idle_timeout", "drain"])
+async def test_an_early_end_has_counted_usage_and_finish_reason_error(end: str) -> None:
+    """A stream that does not reach its own end has output tokens equal to the content
+    chunks relayed, marked `counted`, and `finish_reasons` `["error"]`."""
+    flags = ["--idle-timeout", "0.3"] if end == "idle_timeout" else []
+    async with stack(*flags) as (port, _, spans, registry):
+        # Fast tokens for a client that leaves after three; for the others a gap after each
+        # token longer than the idle timeout, or slow enough for the drain to cut in.
+        pacing = {"itl_ms": 5} if end == "client_close" else {"itl_ms": 2000}
+        body = json.dumps(chat(tokens=50, **pacing)).encode()
+        response = await request(port, "POST", CHAT, body=body)
+        events, wanted = 0, 4 if end == "client_close" else 2  # the role chunk, then tokens
+        while events < wanted:
+            chunk = await asyncio.wait_for(response.chunk(), 5)
+            assert chunk is not None, "the stream ended early"
+            events += chunk.count(b"data: ")
+        if end == "client_close":
+            response.close()
+        elif end == "drain":
+            registry.shut_down_all()
+            await asyncio.wait_for(response.body(), 5)
+            response.close()
+        else:
+            await asyncio.wait_for(response.body(), 5)
+            response.close()
+        async with asyncio.timeout(5):
+            while not [s for s in spans.get_finished_spans() if s.attributes]:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        span = span_of(spans)
+    attributes = span.attributes
+    assert attributes is not None
+    relayed = attributes[semconv.TOKENS]
+    assert isinstance(relayed, int) and relayed >= wanted - 1
+    assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == relayed
+    assert attributes[semconv.USAGE_SOURCE] == "counted"
+    assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)

@@ -1,0 +1,118 @@
+"""Forced usage's pure parts (`middleware.usage`): which request bodies are rewritten and
+how, and what the client is shown of the usage chunk it did not ask for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from middleware.usage import BODY_LIMIT, HideUsage, rewrite
+
+ASKED = b'"stream_options":{"include_usage":true}'
+
+
+def test_a_streaming_body_without_stream_options_gets_it_inserted_and_nothing_else_changes() -> (
+    None
+):
+    """The field is inserted before the closing brace: every other byte stays as the client
+    wrote it (spacing, number spelling, key order, non-ASCII text)."""
+    body = '{"model": "m", "stream": true, "temperature": 1.0e0, "messages": [{"content": "héllo ☃"}]}\n'.encode()
+    out = rewrite(body, "force")
+    assert out == body.rstrip()[:-1] + b"," + ASKED + b"}\n"
+    assert json.loads(out)["stream_options"] == {"include_usage": True}
+
+
+def test_continuous_mode_also_asks_for_per_chunk_usage() -> None:
+    """`continuous` asks vLLM for `continuous_usage_stats` too."""
+    out = rewrite(b'{"stream":true}', "continuous")
+    assert out is not None
+    assert json.loads(out)["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
+
+
+def test_existing_stream_options_are_amended_in_place() -> None:
+    """Options the client set are kept, the key keeps its place, non-ASCII stays as text."""
+    body = '{"stream":true,"stream_options":{"include_usage":false,"x":1},"n":"é"}'.encode()
+    out = rewrite(body, "force")
+    assert out == '{"stream":true,"stream_options":{"include_usage":true,"x":1},"n":"é"}'.encode()
+
+
+def test_a_client_that_asked_for_usage_is_left_alone() -> None:
+    """The client asked itself: its request is forwarded unchanged (and its usage chunk is its own)."""
+    assert rewrite(b'{"stream":true,"stream_options":{"include_usage":true}}', "force") is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'[{"stream": true}]',
+        b'{"stream": "yes"}',
+        b'{"stream": false}',
+        b'{"messages": []}',
+        b'{"stream": true, "stream": true}',  # duplicate keys: which one counts is ambiguous
+        b'{"stream": true, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deep nesting
+        b'{"stream": true, "x": "\xff\xfe"}',  # not UTF-8
+        b'{"stream": true, "stream_options": "odd"}',
+        b'{"stream": true, "pad": "' + b"x" * BODY_LIMIT + b'"}',  # over the parse limit
+    ],
+    ids=[
+        "not-json",
+        "array",
+        "stream-yes",
+        "stream-false",
+        "no-stream",
+        "duplicate-keys",
+        "deep-nesting",
+        "invalid-utf8",
+        "odd-options",
+        "huge",
+    ],
+)
+def test_odd_and_hostile_bodies_are_forwarded_unchanged(body: bytes) -> None:
+    """Anything but a plain streaming JSON object within the limit is not rewritten (and
+    nothing raises)."""
+    assert rewrite(body, "force") is None
+
+
+TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+FINISH = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+USAGE = (
+    b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,'
+    b'"total_tokens":5}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+def test_the_usage_chunk_is_hidden_and_every_other_byte_relayed() -> None:
+    """The usage-only event goes; the finish event and `[DONE]` in the same read stay, and a
+    token chunk is returned as the very object it was (no copy per token)."""
+    hide = HideUsage()
+    assert hide(TOKEN) is TOKEN
+    assert hide(FINISH + USAGE + DONE) == FINISH + DONE
+    assert hide(USAGE) == b""
+
+
+def test_a_usage_null_field_per_chunk_is_dropped() -> None:
+    """OpenAI's API adds `"usage":null` to every chunk once usage is asked: removed again."""
+    chunk = TOKEN.replace(b"}]}", b'}],"usage":null}')
+    assert HideUsage()(chunk) == TOKEN
+
+
+def test_continuous_usage_is_hidden_from_each_chunk() -> None:
+    """In continuous mode each chunk's usage object is removed; the chunk otherwise stays."""
+    chunk = TOKEN.replace(
+        b"}]}", b'}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+    )
+    out = HideUsage(continuous=True)(chunk)
+    assert json.loads(out[6:]) == json.loads(TOKEN[6:])
+
+
+def test_a_usage_event_split_across_reads_passes_through() -> None:
+    """Bytes are never held back: a usage event cut in two reads is relayed as it is."""
+    hide = HideUsage()
+    assert hide(USAGE[:30]) == USAGE[:30]
+    assert hide(USAGE[30:]) == USAGE[30:]
