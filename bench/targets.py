@@ -38,7 +38,17 @@ PY = sys.executable
 _CORES = sorted(os.sched_getaffinity(0))
 PROXY_CORES = {_CORES[-1]}
 LOAD_CORES = set(_CORES[:-1]) or set(_CORES)
-TARGETS = ("direct", "sidestream", "sidestream+otel", "nginx", "tutorial", "alt", "alt+otel")
+TARGETS = (
+    "direct",
+    "sidestream",
+    "sidestream+otel",
+    "sidestream+pass",
+    "sidestream+continuous",
+    "nginx",
+    "tutorial",
+    "alt",
+    "alt+otel",
+)
 BSP_DELAY_S = 5.0  # OTEL_BSP_SCHEDULE_DELAY for sidestream+otel: the SDK's default
 
 
@@ -201,7 +211,11 @@ class Session:
                 )
 
     def _start_sidestream(
-        self, otel: bool = False, cwd: Path = ROOT, sinks: str | None = None
+        self,
+        otel: bool = False,
+        cwd: Path = ROOT,
+        sinks: str | None = None,
+        usage: str | None = None,
     ) -> subprocess.Popen[bytes]:
         if otel:
             env = {
@@ -219,6 +233,8 @@ class Session:
             env = {"OTEL_SDK_DISABLED": "true"}
         if sinks is not None:
             env["SIDESTREAM_TELEMETRY_SINKS"] = sinks
+        if usage is not None:  # the default is `force`
+            env["SIDESTREAM_USAGE"] = usage
         argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
         argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
@@ -229,6 +245,14 @@ class Session:
     ) -> subprocess.Popen[bytes]:
         self.settle_s = BSP_DELAY_S + 0.5  # the span batch goes out within the window
         return self._start_sidestream(otel=True, cwd=cwd, sinks=sinks)
+
+    def _start_sidestream_pass(self) -> subprocess.Popen[bytes]:
+        """Forced usage off: requests forwarded as the client wrote them."""
+        return self._start_sidestream(usage="pass")
+
+    def _start_sidestream_continuous(self) -> subprocess.Popen[bytes]:
+        """Usage asked for per chunk too (vLLM's `continuous_usage_stats`)."""
+        return self._start_sidestream(usage="continuous")
 
     def _start_alt(self) -> subprocess.Popen[bytes]:
         return self._start_sidestream(cwd=alt_root())

@@ -8,6 +8,7 @@ OpenAI-style JSON error. Pacing comes from three layers, later wins: defaults, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class Plan:
     itl: float  # seconds between content tokens
     stamp: Stamp | None  # each content chunk's send time: where it goes (see `_stamp`)
     prompt_tokens: int
+    # vLLM's `stream_options.continuous_usage_stats`: usage so far on every content chunk.
+    continuous_usage: bool = False
 
 
 def plan_post(kind: Kind, raw: bytes, headers: Headers) -> Plan:
@@ -103,7 +106,11 @@ def plan_post(kind: Kind, raw: bytes, headers: Headers) -> Plan:
     for key in pacing or ():
         if key not in PACING_FIELDS:
             raise BadRequest(f"Unknown pacing field 'sidestream.{key}'.", f"sidestream.{key}")
-    return _plan(kind, model, stream, include_usage, max_tokens, prompt_tokens, headers, pacing)
+    plan = _plan(kind, model, stream, include_usage, max_tokens, prompt_tokens, headers, pacing)
+    options = body.get("stream_options")
+    if include_usage and isinstance(options, dict) and options.get("continuous_usage_stats"):
+        plan = dataclasses.replace(plan, continuous_usage=True)
+    return plan
 
 
 def plan_get(query: bytes, headers: Headers) -> tuple[Plan, int]:

@@ -203,3 +203,33 @@ async def test_an_early_end_has_counted_usage_and_finish_reason_error(end: str) 
     assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == relayed
     assert attributes[semconv.USAGE_SOURCE] == "counted"
     assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)
+
+
+async def test_continuous_usage_gives_an_early_end_the_servers_own_count() -> None:
+    """With `--usage continuous` a stream cut mid-way carries the server's last count
+    (`reported`), and the client — which did not ask — sees no `usage` field at all."""
+    async with stack("--usage", "continuous") as (port, upstream, spans, _):
+        body = json.dumps(chat(tokens=50, itl_ms=5)).encode()
+        response = await request(port, "POST", CHAT, body=body)
+        seen = b""
+        while seen.count(b"data: ") < 6:  # the role chunk, then 5 content chunks
+            chunk = await asyncio.wait_for(response.chunk(), 5)
+            assert chunk is not None, "the stream ended early"
+            seen += chunk
+        response.close()
+        assert upstream.bodies[-1]["stream_options"] == {
+            "include_usage": True,
+            "continuous_usage_stats": True,
+        }
+        async with asyncio.timeout(5):
+            while not [s for s in spans.get_finished_spans() if s.attributes]:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        span = span_of(spans)
+    assert b'"usage"' not in seen
+    attributes = span.attributes
+    assert attributes is not None
+    assert attributes[semconv.USAGE_SOURCE] == "reported"
+    reported = attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+    assert isinstance(reported, int) and reported >= 5
+    assert reported == attributes[semconv.TOKENS]  # the last count is of the chunks relayed
+    assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)
