@@ -26,6 +26,9 @@ class StreamStats:
     finish_reasons: list[str] = field(default_factory=list)
     input_tokens: int | None = None  # from usage, when the stream reports it
     output_tokens: int | None = None
+    cache_read_tokens: int | None = None  # input tokens served from the provider's cache
+    cache_creation_tokens: int | None = None  # input tokens written to it (Anthropic)
+    reasoning_tokens: int | None = None  # output tokens spent on reasoning
     done: bool = False  # saw the dialect's end-of-stream marker
     malformed: int = 0  # events whose JSON could not be parsed where it was needed
     frame: Frame | None = None  # learned from a plain token chunk (Dialect.count_chunk)
@@ -89,6 +92,18 @@ def _usage(stats: StreamStats, obj: dict[str, Any], input_key: str, output_key: 
     if usage:
         stats.input_tokens = _int(usage, input_key)
         stats.output_tokens = _int(usage, output_key)
+        # OpenAI's and vLLM's details objects (chat: prompt_/completion_tokens_details;
+        # Responses: input_/output_tokens_details); Anthropic's cache counts sit beside.
+        details = _dict(usage, "prompt_tokens_details") or _dict(usage, "input_tokens_details")
+        if details:
+            stats.cache_read_tokens = _int(details, "cached_tokens")
+        out = _dict(usage, "completion_tokens_details") or _dict(usage, "output_tokens_details")
+        if out:
+            stats.reasoning_tokens = _int(out, "reasoning_tokens")
+        if "cache_read_input_tokens" in usage:
+            stats.cache_read_tokens = _int(usage, "cache_read_input_tokens")
+        if "cache_creation_input_tokens" in usage:
+            stats.cache_creation_tokens = _int(usage, "cache_creation_input_tokens")
 
 
 def _identify(obj: dict[str, Any], stats: StreamStats) -> None:

@@ -228,6 +228,8 @@ def test_openai_responses(variant: Any) -> None:
         finish_reasons=["completed"],
         input_tokens=37,
         output_tokens=2,
+        cache_read_tokens=0,  # the fixture's input_tokens_details
+        reasoning_tokens=0,  # and output_tokens_details
         done=True,
     )
 

@@ -116,3 +116,26 @@ def test_a_usage_event_split_across_reads_passes_through() -> None:
     hide = HideUsage()
     assert hide(USAGE[:30]) == USAGE[:30]
     assert hide(USAGE[30:]) == USAGE[30:]
+
+
+def test_cached_and_reasoning_token_counts_are_read_from_the_usage_details() -> None:
+    """OpenAI's and vLLM's usage details give the cache-read input tokens and the reasoning
+    output tokens (reported as gen_ai.usage.cache_read.input_tokens and
+    gen_ai.usage.reasoning.output_tokens)."""
+    from middleware.dialects import StreamStats, select
+    from middleware.sse import SSEScanner
+
+    usage = {
+        "prompt_tokens": 30,
+        "completion_tokens": 12,
+        "prompt_tokens_details": {"cached_tokens": 16},
+        "completion_tokens_details": {"reasoning_tokens": 7},
+    }
+    chunk = {"id": "c", "model": "m", "choices": [], "usage": usage}
+    dialect = select("/v1/chat/completions")
+    assert dialect is not None
+    stats = StreamStats()
+    for event in SSEScanner().feed(b"data: " + json.dumps(chunk).encode() + b"\n\n"):
+        dialect.observe(event, stats)
+    assert (stats.input_tokens, stats.output_tokens) == (30, 12)
+    assert (stats.cache_read_tokens, stats.reasoning_tokens) == (16, 7)

@@ -127,6 +127,15 @@ def attributes(summary: Summary, attrs: dict[str, Any]) -> dict[str, Any]:
         if value is not None:
             attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = value
             attrs[semconv.USAGE_SOURCE] = summary.usage_source
+        stats = summary.stats
+        if stats is not None:
+            for key, count in (
+                (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, stats.cache_read_tokens),
+                (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, stats.cache_creation_tokens),
+                (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, stats.reasoning_tokens),
+            ):
+                if count is not None:
+                    attrs[key] = count
     value = summary.ttft
     if value is not None:
         attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = value
