@@ -26,6 +26,7 @@ Deliberate choices (do not "fix" these):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from middleware.types import Message, Receive, Scope
@@ -33,6 +34,7 @@ from middleware.types import Message, Receive, Scope
 MODES = ("pass", "force", "continuous")
 BODY_LIMIT = 1 << 20  # request bytes parsed at most; a larger body is forwarded unchanged
 PATHS = ("openai.chat", "openai.completions")  # the dialects whose requests are rewritten
+_FLAT_USAGE = re.compile(rb',"usage":\{[^{}"]*(?:"[a-z_]+":[0-9]+,?)*\}')
 
 
 class _Duplicate(ValueError):
@@ -139,6 +141,10 @@ class HideUsage:
 
 def _hide(body: bytes, continuous: bool) -> bytes:
     body = body.replace(b',"usage":null', b"")
+    if continuous and b'"choices":[]' not in body:
+        # A token chunk with vLLM's flat usage object after its choices: cut it out as
+        # text (a JSON round trip per token costs ten times as much).
+        body = _FLAT_USAGE.sub(b"", body)
     if b'"usage"' not in body:
         return body
     parts = body.split(b"\n\n")

@@ -16,7 +16,7 @@ from sidecar.emulator.plan import Plan
 DONE = b"data: [DONE]\n\n"
 END = b"}\n\n"
 STAMP_END = b',"sidestream_sent_ns":%d}\n\n'
-USAGE_END = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+USAGE_FIELD = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
 
 
 class Frames:

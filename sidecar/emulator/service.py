@@ -30,7 +30,7 @@ from sidecar.emulator.asgi import (
     read_headers,
     respond,
 )
-from sidecar.emulator.frames import DONE, END, STAMP_END, USAGE_END, Frames, full_response
+from sidecar.emulator.frames import DONE, END, STAMP_END, USAGE_FIELD, Frames, full_response
 from sidecar.emulator.plan import BadRequest, Headers, Plan, plan_get, plan_post
 from sidecar.emulator.text import token_cycle
 
@@ -159,15 +159,15 @@ class Emulator:
                     await asyncio.sleep(delay)
                 elif (i - start) % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
-                if plan.continuous_usage:
-                    used = (plan.prompt_tokens, i + 1, plan.prompt_tokens + i + 1)
-                    chunk = head + tokens[i % cycle] + tail + USAGE_END % used
-                elif plan.stamp is None:
+                if plan.stamp is None:
                     chunk = head + tokens[i % cycle] + tail + END
                 elif plan.stamp == "content":
                     chunk = head + b'"%d"' % time.monotonic_ns() + tail + END
                 else:
                     chunk = head + tokens[i % cycle] + tail + STAMP_END % time.monotonic_ns()
+                if plan.continuous_usage:  # vLLM's usage so far, after the choices
+                    used = (plan.prompt_tokens, i + 1, plan.prompt_tokens + i + 1)
+                    chunk = chunk[:-3] + USAGE_FIELD % used + b"}\n\n"
                 if ids:
                     chunk = b"id: %d\n" % i + chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
