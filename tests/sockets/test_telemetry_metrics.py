@@ -297,8 +297,8 @@ async def test_access_log_line_holds_any_text_as_json_would(
     assert list(line) == [
         "time", "level", "logger", "request_id", "trace_id", "span_id", "method", "path",
         "model", "outcome", "status", "stream", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
-        "itl_max_ms", "tokens", "input_tokens", "output_tokens", "tokens_per_s",
-        "duration_ms", "bytes", "chunks", "keepalives", "cancel_latency_ms",
+        "itl_max_ms", "tokens", "input_tokens", "output_tokens", "usage_source",
+        "tokens_per_s", "duration_ms", "bytes", "chunks", "keepalives", "cancel_latency_ms",
     ]  # fmt: skip
     assert line["request_id"] == request_id and line["model"] == hostile
     assert line["path"] == "/v1/chat/completions" and line["method"] == "POST"
