@@ -10,8 +10,9 @@ After a warm-up at full load it takes a baseline, runs, lets everything settle, 
 RSS within a margin of the baseline; file descriptors and asyncio tasks back at the
 baseline (idle keep-alive connections to the upstream are legitimate and factored out:
 each costs two descriptors and one upstream task in this process); every request has
-exactly one outcome and it is the one its kind implies; every client saw a well-formed end.
-Outcomes come from `tests.support.faulty.record_outcomes` until telemetry's log line exists.
+exactly one outcome and it is the one its kind implies; every client saw a well-formed end;
+every stream's access line carries usage (output tokens, reported or counted), whatever its
+outcome. Outcomes come from `tests.support.faulty.record_outcomes`.
 Exits 1 and lists the problems when a check fails. It stops by itself after `--duration`.
 """
 
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import os
 import random
 import socket
@@ -31,8 +33,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 from middleware.errors import Outcome
 from middleware.registry import StreamRegistry
+from middleware.telemetry import Telemetry, semconv
 from sidecar.app import build_guard
 from sidecar.config import load
 from tests.support.clients import request
@@ -55,6 +60,8 @@ REQUEST_TIMEOUT = 30.0
 class Report:
     requests: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
+    # outcome -> [streams, streams whose access line had usage]
+    usage: dict[str, list[int]] = field(default_factory=dict)
     baseline: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -63,10 +70,24 @@ class Report:
         return {
             "requests": dict(self.requests),
             "outcomes": dict(self.outcomes),
+            "usage_by_outcome": {
+                k: {"streams": v[0], "with_usage": v[1]} for k, v in self.usage.items()
+            },
             "baseline": self.baseline,
             "after": self.after,
             "problems": self.problems,
         }
+
+
+class AccessLines(logging.Handler):
+    """The access lines logged during the soak, parsed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(record.getMessage()))
 
 
 def pick(rng: random.Random) -> str:
@@ -153,6 +174,10 @@ async def soak(
     report = Report()
     rng = random.Random(seed)
     warmup = min(10.0, duration / 5) if warmup is None else warmup
+    lines = AccessLines()
+    access = logging.getLogger(semconv.ACCESS_LOGGER)
+    access.addHandler(lines)
+    access.setLevel(logging.INFO)
     with record_outcomes() as outcomes:
         async with FaultyUpstream() as upstream:
             settings = load(
@@ -160,7 +185,9 @@ async def soak(
                 environ={},
             )
             registry = StreamRegistry()
-            guard = build_guard(settings, registry)
+            guard = build_guard(
+                settings, registry, Telemetry(metric_readers=[InMemoryMetricReader()])
+            )
             async with serve(guard, backlog=4096) as port:
 
                 async def worker(until: float) -> None:
@@ -188,7 +215,12 @@ async def soak(
                 await phase(duration)
                 await settle(upstream, registry, report.baseline)
                 report.after = measure(upstream)
+    access.removeHandler(lines)
     report.outcomes = Counter(str(o) for o in outcomes)
+    for line in lines.lines:
+        tally = report.usage.setdefault(line["outcome"], [0, 0])
+        tally[0] += 1
+        tally[1] += line["output_tokens"] is not None
     check(report, rss_margin_mb)
     return report
 
@@ -208,6 +240,13 @@ def check(report: Report, rss_margin_mb: float) -> None:
         expected[str(EXPECTED[kind])] += count
     if expected != report.outcomes:
         problems.append(f"outcomes {dict(report.outcomes)}, expected {dict(expected)}")
+    for outcome, (streams, with_usage) in report.usage.items():
+        if with_usage != streams:
+            problems.append(f"{outcome}: {streams - with_usage} of {streams} streams without usage")
+    if sum(v[0] for v in report.usage.values()) != total:
+        problems.append(
+            f"{total} requests but {sum(v[0] for v in report.usage.values())} access lines"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
