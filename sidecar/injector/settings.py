@@ -30,7 +30,10 @@ _DURATIONS = {
 }
 _PORTS = ("upstream-port", "listen-port", "admin-port")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-KNOWN = frozenset((*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "status"))
+_USAGE = ("force", "continuous", "pass")
+KNOWN = frozenset(
+    (*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "usage", "status")
+)
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
 
@@ -54,6 +57,7 @@ class Settings:
     durations: tuple[tuple[str, float], ...] = ()
     otel_endpoint: str | None = None
     log_level: str | None = None
+    usage: str | None = None
 
     def env(self) -> list[dict[str, str]]:
         """The sidecar container's `env`, in a stable order."""
@@ -68,6 +72,8 @@ class Settings:
             env.append({"name": _DURATIONS[key], "value": _seconds(value)})
         if self.log_level is not None:
             env.append({"name": "SIDESTREAM_LOG_LEVEL", "value": self.log_level})
+        if self.usage is not None:
+            env.append({"name": "SIDESTREAM_USAGE", "value": self.usage})
         if self.otel_endpoint is not None:
             env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otel_endpoint})
             env.append({"name": "OTEL_SERVICE_NAME", "value": "sidestream"})
@@ -127,6 +133,10 @@ def parse_settings(
     if level is not None and level.strip().lower() not in _LOG_LEVELS:
         problems.append(f"{PREFIX}log-level: {level!r} is not one of {', '.join(_LOG_LEVELS)}")
 
+    usage = ours.get("usage")
+    if usage is not None and usage.strip().lower() not in _USAGE:
+        problems.append(f"{PREFIX}usage: {usage!r} is not one of {', '.join(_USAGE)}")
+
     if problems or upstream is None:
         raise InvalidAnnotation(problems)
     settings = Settings(
@@ -139,6 +149,7 @@ def parse_settings(
         durations=tuple(durations.items()),
         otel_endpoint=otel.strip() if otel is not None else None,
         log_level=level.strip().lower() if level is not None else None,
+        usage=usage.strip().lower() if usage is not None else None,
     )
     return settings, warnings
 

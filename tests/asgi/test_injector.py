@@ -281,6 +281,7 @@ async def test_classic_mode_maps_every_annotation() -> None:
         "SIDESTREAM_FIRST_TOKEN_TIMEOUT": "120",
         "SIDESTREAM_MAX_DURATION": "900",
         "SIDESTREAM_LOG_LEVEL": "debug",
+        "SIDESTREAM_USAGE": "continuous",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger.observability:4318",
         "OTEL_SERVICE_NAME": "sidestream",
     }
@@ -324,7 +325,7 @@ async def test_bad_values_admit_uninjected_with_every_reason() -> None:
     answer = await mutate(fixture("bad-values"))
     assert patch_of(answer) == [] and answer["response"]["allowed"] is True
     [warning] = answer["response"]["warnings"]
-    for key in ("upstream-port", "idle-timeout", "mode"):
+    for key in ("upstream-port", "idle-timeout", "mode", "usage"):
         assert f"sidestream.dev/{key}" in warning
 
 
