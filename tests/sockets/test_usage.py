@@ -233,3 +233,25 @@ async def test_continuous_usage_gives_an_early_end_the_servers_own_count() -> No
     assert isinstance(reported, int) and reported >= 5
     assert reported == attributes[semconv.TOKENS]  # the last count is of the chunks relayed
     assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)
+
+
+async def test_token_chunks_skip_the_usage_edit_on_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forced usage costs a token chunk no call: the relay asks `HideUsage` only about the
+    chunks that may hold usage (the end of the stream), and the tokens still go by
+    `send_nowait` from the upstream's read callback."""
+    from middleware.usage import HideUsage
+
+    seen: list[bytes] = []
+    original = HideUsage.__call__
+
+    def counting(self: HideUsage, body: bytes) -> bytes:
+        seen.append(body)
+        return original(self, body)
+
+    monkeypatch.setattr(HideUsage, "__call__", counting)
+    async with stack() as (port, _, _, _):
+        text = await raw(port, chat(tokens=30, itl_ms=5))
+    assert b'"usage"' not in text and text.endswith(b"data: [DONE]\n\n")
+    assert len(seen) <= 3, [s[-40:] for s in seen]  # the finish/usage/[DONE] reads only
