@@ -44,6 +44,7 @@ class Settings:
     upstream_ca: str | None = None
     upstream_insecure: bool = False
     ready_file: str | None = None
+    probe: bool = True
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -205,6 +206,7 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         None,
         "write the bound addresses here as JSON once every listener is up",
     ),
+    ("probe", flag_bool, "on", "serve GET /sidestream/v1/probe for `sidestream probe` (on/off)"),
 )
 
 SWITCHES = ("http2", "upstream-insecure")  # flags that take no value on the command line

@@ -30,7 +30,10 @@ _DURATIONS = {
 }
 _PORTS = ("upstream-port", "listen-port", "admin-port")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-KNOWN = frozenset((*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "status"))
+KNOWN = frozenset(
+    (*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "status", "probe")
+)
+_SWITCH = {"on": "on", "true": "on", "off": "off", "false": "off"}
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
 
@@ -54,6 +57,7 @@ class Settings:
     durations: tuple[tuple[str, float], ...] = ()
     otel_endpoint: str | None = None
     log_level: str | None = None
+    probe: str | None = None  # "on" or "off": SIDESTREAM_PROBE
 
     def env(self) -> list[dict[str, str]]:
         """The sidecar container's `env`, in a stable order."""
@@ -68,6 +72,8 @@ class Settings:
             env.append({"name": _DURATIONS[key], "value": _seconds(value)})
         if self.log_level is not None:
             env.append({"name": "SIDESTREAM_LOG_LEVEL", "value": self.log_level})
+        if self.probe is not None:
+            env.append({"name": "SIDESTREAM_PROBE", "value": self.probe})
         if self.otel_endpoint is not None:
             env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otel_endpoint})
             env.append({"name": "OTEL_SERVICE_NAME", "value": "sidestream"})
@@ -126,6 +132,9 @@ def parse_settings(
     level = ours.get("log-level")
     if level is not None and level.strip().lower() not in _LOG_LEVELS:
         problems.append(f"{PREFIX}log-level: {level!r} is not one of {', '.join(_LOG_LEVELS)}")
+    probe = ours.get("probe")
+    if probe is not None and probe.strip().lower() not in _SWITCH:
+        problems.append(f"{PREFIX}probe: {probe!r} is not 'on' or 'off'")
 
     if problems or upstream is None:
         raise InvalidAnnotation(problems)
@@ -139,6 +148,7 @@ def parse_settings(
         durations=tuple(durations.items()),
         otel_endpoint=otel.strip() if otel is not None else None,
         log_level=level.strip().lower() if level is not None else None,
+        probe=_SWITCH[probe.strip().lower()] if probe is not None else None,
     )
     return settings, warnings
 
