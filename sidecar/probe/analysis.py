@@ -166,7 +166,11 @@ def check_bunching(t: Timeline) -> Check:
     ticks = sorted(t.events, key=lambda e: e.index)
     pairs = [(a, b) for a, b in itertools.pairwise(ticks) if b.sent - a.sent >= MIN_SPACING_S]
     if len(pairs) < 2:
-        return Check("bunching", Status.SKIP, "too few spaced events to compare (interval_ms 0?)")
+        return Check(
+            "bunching",
+            Status.SKIP,
+            "too few spaced events arrived to compare (interval_ms 0, or a cut)",
+        )
     runs = bursts(ticks)
     held = [run for run in runs if len(run) > 1]
     collapsed = sum(len(run) - 1 for run in held)
@@ -175,6 +179,8 @@ def check_bunching(t: Timeline) -> Check:
     floor = min(e.received - e.sent for e in ticks)
     hold = max(e.received - e.sent - floor for e in ticks)
     sizes = [sum(e.size for e in run) for run in held]
+    # The last burst of a complete stream is released by its end, not by a full buffer.
+    filled = sizes[:-1] if len(sizes) > 1 and held[-1] is runs[-1] and t.complete else sizes
     data: dict[str, object] = {
         "events": len(ticks),
         "bursts": len(held),
@@ -184,14 +190,14 @@ def check_bunching(t: Timeline) -> Check:
         "sent_spacing_s": sent_gap,
         "received_spacing_s": got_gap,
         "max_hold_s": hold,
-        "buffer_bytes_estimate": int(statistics.median(sizes)) if sizes else 0,
+        "buffer_bytes_estimate": int(statistics.median(filled)) if filled else 0,
         "largest_burst_bytes": max(sizes, default=0),
     }
     spacing = f"median spacing received {ms(got_gap)} for {ms(sent_gap)} sent"
     largest = max((len(r) for r in held), default=1)
     if largest >= BURST_EVENTS or collapsed >= COLLAPSED_SHARE * len(pairs):
         detail = (
-            f"{len(ticks)} events arrived in {len(runs)} reads; {len(held)} bursts "
+            f"{len(ticks)} events arrived in {len(runs)} releases; {len(held)} bursts "
             f"of ~{data['buffer_bytes_estimate']} bytes (largest {data['largest_burst_bytes']} "
             f"bytes, {largest} events), held up to {hold:.2f} s; {spacing}"
         )
