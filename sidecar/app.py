@@ -33,9 +33,11 @@ import sys
 from typing import Any
 
 from middleware.guard import StreamGuard
+from middleware.probe import ProbeApp
 from middleware.registry import StreamRegistry
 from sidecar.admin import AdminApp, UpstreamHealth
 from sidecar.config import Settings, version
+from sidecar.probe.route import ProbeRoute
 from sidecar.proxy import ProxyApp
 from sidecar.servers.hypercorn_listener import HypercornListener
 from sidecar.servers.listener import Listener
@@ -72,9 +74,10 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         connect_timeout=settings.connect_timeout,
         tls=upstream_tls(settings),
     )
+    probe = ProbeApp(keepalive_interval=settings.keepalive_interval) if settings.probe else None
     options: dict[str, Any] = {"telemetry": telemetry} if telemetry is not None else {}
     return StreamGuard(
-        proxy,
+        ProbeRoute(proxy, probe),
         keepalive_interval=settings.keepalive_interval,
         first_token_timeout=settings.first_token_timeout,
         idle_timeout=settings.idle_timeout,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,12 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = load(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["probe"]:  # `sidestream probe URL`: the client, not the sidecar
+        from sidecar.probe.cli import main as probe
+
+        return probe(args[1:])
+    settings = load(args)
     telemetry = sidecar_telemetry(settings)
     try:
         return run(settings, telemetry)

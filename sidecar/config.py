@@ -45,6 +45,7 @@ class Settings:
     upstream_insecure: bool = False
     ready_file: str | None = None
     usage: str = "force"
+    probe: bool = True
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -220,6 +221,7 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         "force: ask OpenAI-style upstreams for usage, hidden from clients that did not ask; "
         "continuous: also per chunk (vLLM); pass: forward requests unchanged",
     ),
+    ("probe", flag_bool, "on", "serve GET /sidestream/v1/probe for `sidestream probe` (on/off)"),
 )
 
 SWITCHES = ("http2", "upstream-insecure")  # flags that take no value on the command line

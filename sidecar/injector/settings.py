@@ -32,8 +32,19 @@ _PORTS = ("upstream-port", "listen-port", "admin-port")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _USAGE = ("force", "continuous", "pass")
 KNOWN = frozenset(
-    (*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "usage", "status")
+    (
+        *_DURATIONS,
+        *_PORTS,
+        "mode",
+        "image",
+        "otel-endpoint",
+        "log-level",
+        "usage",
+        "probe",
+        "status",
+    )
 )
+_SWITCH = {"on": "on", "true": "on", "off": "off", "false": "off"}
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
 
@@ -58,6 +69,7 @@ class Settings:
     otel_endpoint: str | None = None
     log_level: str | None = None
     usage: str | None = None
+    probe: str | None = None  # "on" or "off": SIDESTREAM_PROBE
 
     def env(self) -> list[dict[str, str]]:
         """The sidecar container's `env`, in a stable order."""
@@ -74,6 +86,8 @@ class Settings:
             env.append({"name": "SIDESTREAM_LOG_LEVEL", "value": self.log_level})
         if self.usage is not None:
             env.append({"name": "SIDESTREAM_USAGE", "value": self.usage})
+        if self.probe is not None:
+            env.append({"name": "SIDESTREAM_PROBE", "value": self.probe})
         if self.otel_endpoint is not None:
             env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otel_endpoint})
             env.append({"name": "OTEL_SERVICE_NAME", "value": "sidestream"})
@@ -132,6 +146,9 @@ def parse_settings(
     level = ours.get("log-level")
     if level is not None and level.strip().lower() not in _LOG_LEVELS:
         problems.append(f"{PREFIX}log-level: {level!r} is not one of {', '.join(_LOG_LEVELS)}")
+    probe = ours.get("probe")
+    if probe is not None and probe.strip().lower() not in _SWITCH:
+        problems.append(f"{PREFIX}probe: {probe!r} is not 'on' or 'off'")
 
     usage = ours.get("usage")
     if usage is not None and usage.strip().lower() not in _USAGE:
@@ -150,6 +167,7 @@ def parse_settings(
         otel_endpoint=otel.strip() if otel is not None else None,
         log_level=level.strip().lower() if level is not None else None,
         usage=usage.strip().lower() if usage is not None else None,
+        probe=_SWITCH[probe.strip().lower()] if probe is not None else None,
     )
     return settings, warnings
 
