@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,10 +63,13 @@ def _importable(name: str) -> bool:
 class Process:
     """A child process whose stdout and stderr go to one file (read back with `output`)."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         with log.open("wb") as out:
-            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, env={**clean, **(env or {})}
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -139,7 +143,12 @@ class Sidecar(Process):
     """`python -m sidecar` in front of `upstream_port`, its access lines on stdout."""
 
     def __init__(
-        self, upstream_port: int, log: Path, *flags: str, health: str = HEALTH_PATH
+        self,
+        upstream_port: int,
+        log: Path,
+        *flags: str,
+        health: str = HEALTH_PATH,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port, self.admin = free_port(), free_port()
         super().__init__(
@@ -153,6 +162,7 @@ class Sidecar(Process):
                 *flags,
             ],
             log,
+            env,
         )  # fmt: skip
 
     async def ready(self, timeout: float = 20.0) -> None:

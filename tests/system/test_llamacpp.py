@@ -36,7 +36,9 @@ from tests.support.llamacpp import (
     get,
     require_llama_cpp,
 )
+from tests.support.otlpreceiver import Receiver, attributes
 from tests.support.procs import free_port
+from tests.support.servers import serve
 from tests.support.sseparse import parse
 from tests.support.tinymodel import write_model
 
@@ -53,11 +55,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextlib.asynccontextmanager
 async def running(
-    model: Path, logs: Path, *flags: str, n_ctx: int = 512, health: str = HEALTH_PATH
+    model: Path,
+    logs: Path,
+    *flags: str,
+    n_ctx: int = 512,
+    health: str = HEALTH_PATH,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[LlamaServer, Sidecar]]:
     """llama.cpp's server and the sidecar in front of it, both ready; both killed at exit."""
     llama = LlamaServer(model, logs / "llama.log", n_ctx=n_ctx)
-    sidecar = Sidecar(llama.port, logs / "sidecar.log", *flags, health=health)
+    sidecar = Sidecar(llama.port, logs / "sidecar.log", *flags, health=health, env=env)
     try:
         await asyncio.gather(llama.ready(), sidecar.ready())
         yield llama, sidecar
@@ -138,19 +145,28 @@ async def test_the_sdk_through_sidestream_gets_the_tokens_of_a_direct_request(
     model: Path, tmp_path: Path
 ) -> None:
     """Greedy decoding (temperature 0, seed 0): the openai SDK through sidestream reads the
-    same tokens, in the same order, as the SDK talking to llama.cpp directly; the stream ends
-    with llama.cpp's finish reason; the access line names llama.cpp's model and counts its
-    tokens."""
-    async with running(model, tmp_path) as (llama, sidecar):
-        direct, direct_reasons = await sdk_stream(llama.port, "tell me", 40)
-        proxied, proxied_reasons = await sdk_stream(sidecar.port, "tell me", 40)
-        line = await sidecar.access_line()
+    same tokens, in the same order, as the SDK talking to llama.cpp directly, and the same
+    finish reason. The access line names llama.cpp's model and counts its tokens; the span
+    carries llama.cpp's finish reason and model (the access line has no finish reason)."""
+    receiver = Receiver()
+    async with serve(receiver) as otlp:
+        env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{otlp}/v1/traces"}
+        async with running(model, tmp_path, env=env) as (llama, sidecar):
+            direct, direct_reasons = await sdk_stream(llama.port, "tell me", 40)
+            proxied, proxied_reasons = await sdk_stream(sidecar.port, "tell me", 40)
+            line = await sidecar.access_line()
+            sidecar.signal(signal.SIGTERM)  # the exit flushes the span
+            assert await sidecar.exit_code(timeout=10) == 0
     assert len(direct) == 40 and len(set(direct)) > 3  # real (if gibberish) generation
     assert proxied == direct
     assert direct_reasons == proxied_reasons == ["length"]
     assert line["model"] == ALIAS and line["path"] == CHAT
     assert line["outcome"] == "completed" and line["status"] == 200
     assert line["output_tokens"] == 40 and line["tokens"] == 40
+    [span] = [attributes(s) for s in receiver.spans]
+    assert span["gen_ai.response.finish_reasons"] == ["length"]
+    assert span["gen_ai.response.model"] == ALIAS
+    assert span["gen_ai.usage.output_tokens"] == 40
 
 
 async def test_access_line_ttft_and_gaps_agree_with_a_raw_client(
