@@ -26,7 +26,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.clients import RawResponse, request
+from tests.support.clients import RawResponse, read_response, request
 from tests.support.llamacpp import (
     ALIAS,
     HEALTH_PATH,
@@ -172,62 +172,56 @@ async def test_the_sdk_through_sidestream_gets_the_tokens_of_a_direct_request(
 async def test_access_line_ttft_and_gaps_agree_with_a_raw_client(
     model: Path, tmp_path: Path
 ) -> None:
-    """The access line's time to first token and inter-token gaps (median, max) are within
-    2 ms of what a raw socket client measures: request written -> first content chunk read,
-    and between content chunks as they arrive."""
+    """The access line's time to first token and inter-token gaps (median, mean) are within
+    2 ms of what a raw socket client measures on an open connection: from writing the request
+    to reading the first content chunk, and between content chunks as they arrive. (One
+    stream first, so neither side's first-use costs land in the measured one.)"""
     async with running(model, tmp_path) as (_, sidecar):
+        await sdk_stream(sidecar.port, "warm up", 4)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
+        body = json.dumps(chat_body("time me", 100)).encode()
+        head = f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         started = time.monotonic()
-        response = await post_stream(sidecar.port, chat_body("time me", 100))
+        writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        response = await read_response(reader, writer)
         times, texts = await content_chunk_times(response)
         response.close()
-        line = await sidecar.access_line()
+        line = await sidecar.access_line(2)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     client = {
         "ttft_ms": (times[0] - started) * 1000,
         "itl_p50_ms": nearest_rank(gaps, 0.5) * 1000,
+        "itl_mean_ms": (times[-1] - times[0]) / len(gaps) * 1000,
         "itl_max_ms": max(gaps) * 1000,
     }
+    reported = {key: line.get(key) for key in client}
+    reported["itl_mean_ms"] = 1000 / line["tokens_per_s"]
     assert len(texts) == 100 and line["chunks"] >= len(times)
-    print(f"client {client} access line { ({k: line[k] for k in client}) }")
-    for key, measured in client.items():
-        assert abs(line[key] - measured) <= 2.0, (key, line[key], measured)
+    print(f"client {client}, access line {reported}")
+    for key in ("ttft_ms", "itl_p50_ms", "itl_mean_ms"):
+        assert abs(reported[key] - client[key]) <= 2.0, (key, reported[key], client[key])
+    # One gap alone: a scheduling hiccup on either side moves it, so the bound is looser.
+    assert abs(reported["itl_max_ms"] - client["itl_max_ms"]) <= 5.0, reported
 
 
 # --- cancellation ------------------------------------------------------------------------------
 
 
-async def test_a_client_that_leaves_mid_stream_stops_llama_cpp(model: Path, tmp_path: Path) -> None:
-    """A client that closes mid-stream through sidestream makes llama.cpp stop generating:
-    the server logs the disconnect, and a next request, which needs the one slot, is served
-    long before the abandoned generation would have ended."""
-    max_tokens = 1500
-    async with running(model, tmp_path, n_ctx=2048) as (llama, sidecar):
-        response = await post_stream(sidecar.port, chat_body("go on", max_tokens))
-        first: list[float] = []
-        while len(first) < 20:
-            data = await response.chunk()
-            assert data is not None
-            if b'"content"' in data:
-                first.append(time.monotonic())
-        per_token = (first[-1] - first[1]) / 18
-        response.close()
-        left = time.monotonic()
-        await llama.wait_output("Disconnected from client", timeout=10)
-        status, body = await asyncio.wait_for(
-            get_completion(llama.port, 1), timeout=max_tokens * per_token
-        )
-        next_served = time.monotonic() - left
-        line = await sidecar.access_line()
-    print(
-        f"next request served {next_served * 1000:.0f} ms after the close; {per_token * 1000:.2f} ms a token"
-    )
-    assert status == 200, body
-    assert line["outcome"] == "client_disconnected"
-    # Uncancelled, the slot would stay busy for ~1480 more tokens.
-    assert next_served < 0.25 * (max_tokens - 20) * per_token, (next_served, per_token)
+async def first_tokens(response: RawResponse, count: int) -> tuple[bytes, float]:
+    """Read until `count` content chunks have come; the body so far and seconds a token."""
+    raw = b""
+    times: list[float] = []
+    while len(times) < count:
+        data = await response.chunk()
+        assert data is not None, raw
+        raw += data
+        if b'"content"' in data:
+            times.append(time.monotonic())
+    return raw, (times[-1] - times[1]) / (count - 2)
 
 
 async def get_completion(port: int, max_tokens: int) -> tuple[int, bytes]:
+    """A non-streamed request: it needs the server's one slot."""
     body = chat_body("next", max_tokens, stream=False)
     response = await request(port, "POST", CHAT, body=json.dumps(body).encode(), headers=JSON)
     try:
@@ -236,20 +230,43 @@ async def get_completion(port: int, max_tokens: int) -> tuple[int, bytes]:
         response.close()
 
 
+MAX_TOKENS = 1500  # uninterrupted, a stream holds the slot for seconds
+READ = 20
+
+
+async def test_a_client_that_leaves_mid_stream_stops_llama_cpp(model: Path, tmp_path: Path) -> None:
+    """A client that closes mid-stream through sidestream makes llama.cpp stop generating:
+    the server logs the disconnect, and a next request, which needs the one slot, is served
+    long before the abandoned generation would have ended."""
+    async with running(model, tmp_path, n_ctx=2048) as (llama, sidecar):
+        response = await post_stream(sidecar.port, chat_body("go on", MAX_TOKENS))
+        _, per_token = await first_tokens(response, READ)
+        response.close()
+        left = time.monotonic()
+        await llama.wait_output("Disconnected from client", timeout=10)
+        status, body = await asyncio.wait_for(get_completion(llama.port, 1), timeout=30)
+        next_served = time.monotonic() - left
+        line = await sidecar.access_line()
+    rest = (MAX_TOKENS - READ) * per_token
+    print(
+        f"next request served {next_served * 1000:.0f} ms after the close; uncancelled {rest:.2f} s"
+    )
+    assert status == 200, body
+    assert line["outcome"] == "client_disconnected"
+    assert next_served < 0.25 * rest
+
+
 async def test_an_idle_timeout_on_a_stalled_server_frees_its_slot(
     model: Path, tmp_path: Path
 ) -> None:
     """llama.cpp stalls mid-stream (its process stopped, as a hung device would leave it):
     the sidecar's idle timeout ends the client's stream with a terminal `idle_timeout` event
     and closes the upstream connection; once the server runs again it sees the disconnect
-    and stops generating, so the next request gets the slot at once."""
+    and stops generating, so the next request gets the slot long before the stream would
+    have ended."""
     async with running(model, tmp_path, "--idle-timeout", "0.5", n_ctx=2048) as (llama, sidecar):
-        response = await post_stream(sidecar.port, chat_body("stall", 1500))
-        raw = b""
-        while raw.count(b'"content"') < 10:
-            data = await response.chunk()
-            assert data is not None
-            raw += data
+        response = await post_stream(sidecar.port, chat_body("stall", MAX_TOKENS))
+        raw, per_token = await first_tokens(response, READ)
         llama.signal(signal.SIGSTOP)
         try:
             stalled = time.monotonic()
@@ -257,14 +274,21 @@ async def test_an_idle_timeout_on_a_stalled_server_frees_its_slot(
             ended_after = time.monotonic() - stalled
         finally:
             llama.signal(signal.SIGCONT)
+        resumed = time.monotonic()
         response.close()
         await llama.wait_output("Disconnected from client", timeout=10)
-        status, _ = await asyncio.wait_for(get_completion(llama.port, 1), timeout=5)
+        status, _ = await asyncio.wait_for(get_completion(llama.port, 1), timeout=30)
+        next_served = time.monotonic() - resumed
         line = await sidecar.access_line()
+    rest = (MAX_TOKENS - READ) * per_token
+    print(
+        f"stream ended {ended_after:.2f} s into the stall; next request {next_served * 1000:.0f} ms"
+    )
     last = json.loads(parse(raw)[-1][1])
     assert last["error"]["code"] == "idle_timeout"
     assert 0.4 < ended_after < 2.0
     assert status == 200 and line["outcome"] == "idle_timeout"
+    assert next_served < 0.25 * rest
 
 
 # --- long prefill ------------------------------------------------------------------------------
@@ -280,6 +304,7 @@ async def test_a_long_prefill_gets_keepalives_and_the_sdk_completes(
     async with running(model, tmp_path, "--keepalive-interval", "0.2", n_ctx=4096) as (_, sidecar):
         texts, reasons = await sdk_stream(sidecar.port, prompt, 8)
         line = await sidecar.access_line()
+    print(f"prefill: ttft {line['ttft_ms']:.0f} ms, {line['keepalives']} keep-alives")
     assert len(texts) == 8 and reasons == ["length"]
     assert line["outcome"] == "completed"
     assert line["ttft_ms"] > 3 * 200, line  # the prefill really was that long
