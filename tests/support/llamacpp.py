@@ -47,8 +47,8 @@ def require_llama_cpp() -> None:
     if missing:
         pytest.fail(
             f"llama-cpp-python[server] is not installed ({', '.join(missing)} missing): "
-            "`.ci/run` installs it (`pip install 'llama-cpp-python[server]'`, built from "
-            "source); install it the same way to run tests/system/test_llamacpp.py",
+            "`.ci/run` installs it with the `llamacpp` extra (`.venv/bin/pip install -e "
+            "'.[dev,llamacpp]'`: pip builds llama.cpp from source, minutes the first time)",
             pytrace=False,
         )
 
