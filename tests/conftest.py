@@ -6,7 +6,7 @@
 - `sockets/`: real servers on 127.0.0.1 free ports in this process (uvicorn, hypercorn, the
   emulator), raw asyncio clients, the openai SDK;
 - `system/`: child processes and outside programs (the sidecar CLI, nginx, Chromium,
-  kubectl, atheris, the soak, h2load).
+  kubectl, atheris, the soak, h2load, llama.cpp's server).
 
 Helpers shared by the tiers (and by `bench/`) live in `tests/support/`. `pytest -m "unit or
 asgi"` (or `make test-fast`) runs the two quick tiers.

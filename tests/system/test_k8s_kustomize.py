@@ -13,6 +13,8 @@ import yaml
 
 from tests.unit.test_k8s_manifests import KUSTOMIZATIONS, check_model_deployment, rel, validate
 
+MODEL_DEPLOYMENTS = ("vllm", "llama-cpp")  # k8s/base and k8s/overlays/llamacpp
+
 
 @pytest.mark.parametrize("root", KUSTOMIZATIONS, ids=rel)
 def test_kustomize_build_validates(root: Path) -> None:
@@ -39,5 +41,5 @@ def test_kustomize_build_validates(root: Path) -> None:
     for doc in docs:
         validate(doc)
     for doc in docs:
-        if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "vllm":
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] in MODEL_DEPLOYMENTS:
             check_model_deployment(doc, docs)

@@ -97,10 +97,12 @@ def test_strict_validation_rejects_unknown_fields() -> None:
 
 
 def check_model_deployment(deployment: JSON, docs: list[JSON]) -> None:
-    """Rules for any form of the vLLM Deployment (native, classic, observability)."""
+    """Rules for any form of the model Deployment (native, classic, observability, llama.cpp):
+    the model container is the one named like the Deployment (vllm, llama-cpp)."""
     spec = deployment["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod_containers(spec)}
-    sidecar, vllm = containers["sidestream"], containers["vllm"]
+    name = deployment["metadata"]["name"]
+    sidecar, model = containers["sidestream"], containers[name]
     native = sidecar in spec.get("initContainers", [])
     assert native == (sidecar.get("restartPolicy") == "Always")
     for init in spec.get("initContainers", []):
@@ -115,18 +117,25 @@ def check_model_deployment(deployment: JSON, docs: list[JSON]) -> None:
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": ADMIN_PORT_NAME}
     assert env_of(sidecar)["SIDESTREAM_ADMIN_LISTEN"].startswith("0.0.0.0:")
 
-    # Shutdown: vLLM's preStop drains the sidecar; grace covers the whole budget.
-    assert vllm["lifecycle"]["preStop"] == drain_hook(Settings(upstream_port=8000))
-    shutdown = [a for a in vllm["args"] if a.startswith("--shutdown-timeout=")]
-    assert shutdown, "vLLM must run with --shutdown-timeout"
-    model_shutdown = int(shutdown[0].partition("=")[2])
+    # Readiness asks the model the path its own probes ask (vLLM /health, llama-cpp-python
+    # /openapi.json): the sidecar's default, /health, where none is set.
+    health = env_of(sidecar).get("SIDESTREAM_UPSTREAM_HEALTH", "/health")
+    for probe in ("startupProbe", "livenessProbe"):
+        assert f'127.0.0.1:8000{health}"' in model[probe]["exec"]["command"][-1], probe
+
+    # Shutdown: the model's preStop drains the sidecar; grace covers the whole budget.
+    assert model["lifecycle"]["preStop"] == drain_hook(Settings(upstream_port=8000))
+    shutdown = [a for a in model["args"] if a.startswith("--shutdown-timeout=")]
+    if name == "vllm":
+        assert shutdown, "vLLM must run with --shutdown-timeout"
+    model_shutdown = int(shutdown[0].partition("=")[2]) if shutdown else 0
     drain = float(env_of(sidecar)["SIDESTREAM_DRAIN_TIMEOUT"])
     grace = spec["terminationGracePeriodSeconds"]
     assert grace >= required_grace_period(drain)
     assert grace >= 5 + drain + 5 + model_shutdown
 
     # The Service reaches the pod only through the sidecar's named port.
-    service = find(docs, "Service", "vllm")
+    service = find(docs, "Service", name)
     assert (
         service["spec"]["selector"].items()
         <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -142,9 +151,9 @@ def check_model_deployment(deployment: JSON, docs: list[JSON]) -> None:
             f"targetPort {port['targetPort']!r} is declared by {owners}"
         )
     upstream = env_of(sidecar)["SIDESTREAM_UPSTREAM"].rpartition(":")[2]
-    assert f"--port={upstream}" in vllm["args"] and "--host=127.0.0.1" in vllm["args"]
+    assert f"--port={upstream}" in model["args"] and "--host=127.0.0.1" in model["args"]
 
-    pdb = find(docs, "PodDisruptionBudget", "vllm")
+    pdb = find(docs, "PodDisruptionBudget", name)
     assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
 
