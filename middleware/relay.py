@@ -47,6 +47,13 @@ class Edit(Protocol):
         """Forget the last call: its output was not written (the chunk comes again)."""
 
 
+def untouched(edit: Edit, body: bytes) -> bool:
+    """Is `body` a chunk `edit` leaves as it is, by its `ends`: an event-ending chunk whose
+    fourth-last byte it does not name."""
+    ends = edit.ends
+    return ends is not None and len(body) > 3 and body[-1] == 10 and body[-4] not in ends
+
+
 class Relay:
     """A stream's relay state (see the module docstring); slotted, so that the fields a
     chunk touches sit in the object itself, fewer cache lines away when the next token of
@@ -130,9 +137,9 @@ class Relay:
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
             self._relayed(body, now)
-            if self.edit is not None:
-                message = {"type": "http.response.body", "body": self.edit(body), "more_body": more}
-                # (`ends` is for the fast path: here a call costs little beside the await.)
+            edit = self.edit
+            if edit is not None and not untouched(edit, body):
+                message = {"type": "http.response.body", "body": edit(body), "more_body": more}
         if not more:
             self._enter(DONE)
             self.completed_at = now
@@ -160,12 +167,7 @@ class Relay:
         ):
             return False
         edit = self.edit
-        if edit is None or (
-            (ends := edit.ends) is not None
-            and len(body) > 3
-            and body[-1] == 10
-            and body[-4] not in ends
-        ):
+        if edit is None or untouched(edit, body):
             if not self.server_nowait(body):
                 return False
         else:
