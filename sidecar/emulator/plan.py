@@ -80,6 +80,8 @@ def plan_post(kind: Kind, raw: bytes, headers: Headers) -> Plan:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"Request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("Request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.")
     prompt_tokens = _messages(body) if kind == "chat" else _prompt(body)

@@ -26,6 +26,7 @@ from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
 from tests.support.clients import request
+from tests.support.faulty import FaultyUpstream
 from tests.support.servers import serve
 
 CHAT = "/v1/chat/completions"
@@ -38,6 +39,7 @@ class Recording:
         self.stats = Stats()
         self.app = make_app(stats=self.stats)
         self.bodies: list[dict[str, Any]] = []
+        self.raw: list[bytes] = []  # every request body as it arrived
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,7 +51,9 @@ class Recording:
             message = await receive()
             parts.append(message.get("body", b""))
             if message["type"] == "http.request" and not message.get("more_body", False):
-                self.bodies.append(json.loads(b"".join(parts)))
+                self.raw.append(b"".join(parts))
+                with contextlib.suppress(ValueError):
+                    self.bodies.append(json.loads(self.raw[-1]))
             return message
 
         await self.app(scope, tapped, send)
@@ -255,3 +259,66 @@ async def test_token_chunks_skip_the_usage_edit_on_the_fast_path(
         text = await raw(port, chat(tokens=30, itl_ms=5))
     assert b'"usage"' not in text and text.endswith(b"data: [DONE]\n\n")
     assert len(seen) <= 3, [s[-40:] for s in seen]  # the finish/usage/[DONE] reads only
+
+
+HOSTILE = [
+    b"not json",
+    b'[{"stream": true}]',
+    b'{"model": "m", "stream": "yes", "messages": []}',
+    b'{"model": "m", "stream": true, "stream": true, "messages": []}',
+    b'{"model": "m", "stream": true, "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "\xff"}]}',
+    b'{"model": "m", "stream": true, "pad": "' + b"x" * (1 << 20) + b'", "messages": []}',
+]
+
+
+@pytest.mark.parametrize(
+    "body", HOSTILE, ids=["not-json", "array", "stream-yes", "dup", "deep", "bad-utf8", "huge"]
+)
+async def test_odd_and_hostile_bodies_reach_the_upstream_byte_for_byte(body: bytes) -> None:
+    """A body that is not a plain streaming JSON object within the limit is forwarded exactly
+    as sent: no usage forced, no crash, and the upstream's own answer (never a 500 of ours)."""
+    async with stack() as (port, upstream, _, _):
+        response = await request(port, "POST", CHAT, body=body)
+        await asyncio.wait_for(response.body(), 10)
+        response.close()
+    assert upstream.raw == [body]
+    assert response.status != 500
+
+
+@pytest.mark.parametrize("end", ["first_token_timeout", "upstream_reset"])
+async def test_an_early_end_before_or_between_tokens_is_counted(end: str) -> None:
+    """A first-token timeout reports 0 output tokens `counted`; an upstream that resets
+    mid-stream reports the tokens relayed before it, `counted`; both with finish reasons
+    `["error"]`."""
+    spans = InMemorySpanExporter()
+    telemetry = Telemetry(
+        span_processor=SimpleSpanProcessor(spans), metric_readers=[InMemoryMetricReader()]
+    )
+    if end == "first_token_timeout":
+        upstream_app: Any = make_app(stats=Stats())
+        flags = ["--first-token-timeout", "0.3"]
+        body = json.dumps(chat(tokens=5, ttft_ms=3000)).encode()
+        headers: list[tuple[str, str]] = []
+    async with contextlib.AsyncExitStack() as stack_:
+        if end == "first_token_timeout":
+            up = await stack_.enter_async_context(serve(upstream_app))
+        else:
+            faulty = await stack_.enter_async_context(FaultyUpstream())
+            up, flags, headers = faulty.port, [], [("X-Fault", "rst")]
+            body = json.dumps(chat()).encode()
+        settings = load(["--upstream", f"http://127.0.0.1:{up}", *flags], environ={})
+        guard = build_guard(settings, StreamRegistry(), telemetry)
+        port = await stack_.enter_async_context(serve(guard, "sidecar"))
+        response = await request(port, "POST", CHAT, body=body, headers=headers)
+        await asyncio.wait_for(response.body(), 10)
+        response.close()
+        async with asyncio.timeout(5):
+            while not [s for s in spans.get_finished_spans() if s.attributes]:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    attributes = span_of(spans).attributes
+    assert attributes is not None
+    expected = 0 if end == "first_token_timeout" else 2  # the faulty upstream's two tokens
+    assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == expected
+    assert attributes[semconv.USAGE_SOURCE] == "counted"
+    assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)
