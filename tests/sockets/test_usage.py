@@ -52,7 +52,7 @@ class Recording:
             parts.append(message.get("body", b""))
             if message["type"] == "http.request" and not message.get("more_body", False):
                 self.raw.append(b"".join(parts))
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):
                     self.bodies.append(json.loads(self.raw[-1]))
             return message
 
