@@ -60,7 +60,9 @@ class Recording:
 
 
 @contextlib.asynccontextmanager
-async def stack(*flags: str) -> AsyncIterator[tuple[int, Recording, InMemorySpanExporter, Any]]:
+async def stack(
+    *flags: str,
+) -> AsyncIterator[tuple[int, Recording, InMemorySpanExporter, Any, Telemetry]]:
     spans = InMemorySpanExporter()
     telemetry = Telemetry(
         span_processor=SimpleSpanProcessor(spans), metric_readers=[InMemoryMetricReader()]
@@ -70,7 +72,7 @@ async def stack(*flags: str) -> AsyncIterator[tuple[int, Recording, InMemorySpan
         settings = load(["--upstream", f"http://127.0.0.1:{up}", *flags], environ={})
         registry = StreamRegistry()
         async with serve(build_guard(settings, registry, telemetry), "sidecar") as port:
-            yield port, upstream, spans, registry
+            yield port, upstream, spans, registry, telemetry
 
 
 def chat(tokens: int = 6, usage: bool | None = None, **pacing: int) -> dict[str, Any]:
@@ -109,10 +111,10 @@ async def test_forced_usage_is_invisible_to_a_client_that_did_not_ask(
     """Without `include_usage` the client reads exactly the bytes of a `--usage pass` run; the
     upstream was asked for usage, and the span and access line carry the server's counts."""
     caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
-    async with stack("--usage", "pass") as (port, upstream, _, _):
+    async with stack("--usage", "pass") as (port, upstream, _, _, _):
         passed = await raw(port, chat())
         assert "stream_options" not in upstream.bodies[-1]
-    async with stack() as (port, upstream, spans, _):
+    async with stack() as (port, upstream, spans, _, telemetry):
         forced = await raw(port, chat())
         assert upstream.bodies[-1]["stream_options"] == {"include_usage": True}
         await asyncio.sleep(0)
@@ -125,12 +127,18 @@ async def test_forced_usage_is_invisible_to_a_client_that_did_not_ask(
     assert span.attributes[semconv.USAGE_SOURCE] == "reported"
     line = json.loads([r for r in caplog.records if r.name == semconv.ACCESS_LOGGER][-1].message)
     assert line["output_tokens"] == 6 and line["usage_source"] == "reported"
+    (usage,) = [m for m in telemetry.metrics() if m.name == semconv.METRIC_TOKEN_USAGE]
+    by_type = {
+        dict(p.attributes or {})[semconv.GEN_AI_TOKEN_TYPE]: p.sum
+        for p in usage.data.data_points  # type: ignore[union-attr]
+    }
+    assert by_type["output"] == 6 and by_type["input"] == line["input_tokens"] > 0
 
 
 async def test_the_openai_sdk_that_asked_for_usage_gets_it_untouched() -> None:
     """A client that asked sees the usage chunk (the official SDK parses it), and the
     request reached the upstream as the client wrote it."""
-    async with stack() as (port, upstream, _, _):
+    async with stack() as (port, upstream, _, _, _):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
         )
@@ -151,7 +159,7 @@ async def test_the_openai_sdk_that_asked_for_usage_gets_it_untouched() -> None:
 
 async def test_the_openai_sdk_without_usage_never_sees_a_usage_chunk() -> None:
     """The official SDK, not asking: every chunk has choices, none has usage."""
-    async with stack() as (port, _, spans, _):
+    async with stack() as (port, _, spans, _, _):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0
         )
@@ -176,7 +184,7 @@ async def test_an_early_end_has_counted_usage_and_finish_reason_error(end: str) 
     """A stream that does not reach its own end has output tokens equal to the content
     chunks relayed, marked `counted`, and `finish_reasons` `["error"]`."""
     flags = ["--idle-timeout", "0.3"] if end == "idle_timeout" else []
-    async with stack(*flags) as (port, _, spans, registry):
+    async with stack(*flags) as (port, _, spans, registry, _):
         # Fast tokens for a client that leaves after three; for the others a gap after each
         # token longer than the idle timeout, or slow enough for the drain to cut in.
         pacing = {"itl_ms": 5} if end == "client_close" else {"itl_ms": 2000}
@@ -212,7 +220,7 @@ async def test_an_early_end_has_counted_usage_and_finish_reason_error(end: str) 
 async def test_continuous_usage_gives_an_early_end_the_servers_own_count() -> None:
     """With `--usage continuous` a stream cut mid-way carries the server's last count
     (`reported`), and the client — which did not ask — sees no `usage` field at all."""
-    async with stack("--usage", "continuous") as (port, upstream, spans, _):
+    async with stack("--usage", "continuous") as (port, upstream, spans, _, _):
         body = json.dumps(chat(tokens=50, itl_ms=5)).encode()
         response = await request(port, "POST", CHAT, body=body)
         seen = b""
@@ -255,7 +263,7 @@ async def test_token_chunks_skip_the_usage_edit_on_the_fast_path(
         return original(self, body)
 
     monkeypatch.setattr(HideUsage, "__call__", counting)
-    async with stack() as (port, _, _, _):
+    async with stack() as (port, _, _, _, _):
         text = await raw(port, chat(tokens=30, itl_ms=5))
     assert b'"usage"' not in text and text.endswith(b"data: [DONE]\n\n")
     assert len(seen) <= 3, [s[-40:] for s in seen]  # the finish/usage/[DONE] reads only
@@ -278,7 +286,7 @@ HOSTILE = [
 async def test_odd_and_hostile_bodies_reach_the_upstream_byte_for_byte(body: bytes) -> None:
     """A body that is not a plain streaming JSON object within the limit is forwarded exactly
     as sent: no usage forced, no crash, and the upstream's own answer (never a 500 of ours)."""
-    async with stack() as (port, upstream, _, _):
+    async with stack() as (port, upstream, _, _, _):
         response = await request(port, "POST", CHAT, body=body)
         await asyncio.wait_for(response.body(), 10)
         response.close()
