@@ -136,3 +136,54 @@ def test_usage_and_connection_errors_exit_2(capsys: pytest.CaptureFixture[str]) 
     assert main(["probe", "http://127.0.0.1:1", "--events", "0"]) == 2
     assert main(["probe", "http://127.0.0.1:1"]) == 2
     assert "cannot connect" in capsys.readouterr().err
+
+
+async def test_the_probes_cpu_is_bounded_like_any_relayed_stream() -> None:
+    """The bounds hold as CPU, not only as parameters: the most a client may ask — the
+    concurrency cap of probes at the event and byte caps, no interval — costs the sidecar no
+    more CPU per event than relaying the same number of events from the emulator through the
+    proxy (measured side by side in this process, a ratio, not a time), and a probe past the
+    cap is refused at once."""
+    import asyncio
+    import time
+
+    from middleware.probe import MAX_BYTES, MAX_CONCURRENT
+    from sidecar.emulator import Stats, make_app
+
+    events = 1000
+    pad = MAX_BYTES // events
+
+    async def drain(port: int, method: str, path: str, body: bytes = b"") -> int:
+        response = await request(port, method, path, body=body)
+        data = await response.body()
+        response.close()
+        assert response.status == 200
+        return data.count(b"\n\n")  # events (and a few comments) ended
+
+    async with serve(make_app(stats=Stats())) as up:
+        settings = load(["--upstream", f"http://127.0.0.1:{up}"], environ={})
+        async with serve(build_guard(settings, StreamRegistry()), "sidecar") as port:
+            query = f"/sidestream/v1/probe?events={events}&interval_ms=0&pad={pad}"
+            start = time.process_time()
+            probed = await asyncio.gather(
+                *(drain(port, "GET", query) for _ in range(MAX_CONCURRENT))
+            )
+            probe_cpu = time.process_time() - start
+            chat = {
+                "model": "m",
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+                "sidestream": {"tokens": events, "itl_ms": 1, "ttft_ms": 0},  # a write each
+            }
+            start = time.process_time()
+            relayed = await asyncio.gather(
+                *(
+                    drain(port, "POST", "/v1/chat/completions", json.dumps(chat).encode())
+                    for _ in range(MAX_CONCURRENT)
+                )
+            )
+            relay_cpu = time.process_time() - start
+    assert min(probed) >= events and min(relayed) >= events
+    # The relay's CPU includes the emulator's (same process); the probe's includes making
+    # its events. A probe event may cost up to twice a relayed one.
+    assert probe_cpu / sum(probed) <= 2 * relay_cpu / sum(relayed), (probe_cpu, relay_cpu)
