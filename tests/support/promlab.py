@@ -223,11 +223,12 @@ async def _overload(port: int, limit: int = 6, extra: int = 3) -> list[int]:
     return refused
 
 
-async def every_outcome(port: int) -> list[int]:
+async def every_outcome(port: int, limit: int = 6) -> list[int]:
     """One round of traffic through the sidecar on `port` (started with SIDECAR_FLAGS):
     completed (two models), first_token_timeout, idle_timeout, max_duration,
     client_disconnected, slow_client, upstream_error (500), rate_limited (429) and
-    rejected_overload. Returns the overload round's statuses."""
+    rejected_overload (`limit` streams held: the sidecar's --max-streams). Returns the
+    overload round's statuses."""
     await asyncio.gather(
         _whole(port, chat(MODELS[0])),
         _whole(port, chat(MODELS[0], tokens=40, itl_ms=10)),
@@ -245,4 +246,4 @@ async def every_outcome(port: int) -> list[int]:
         _whole(port, chat(MODELS[0], tokens=60, itl_ms=5)),
     )
     await _whole(port, chat(), "500")  # two failures in ~20 requests: over the alert's 5%
-    return await _overload(port)
+    return await _overload(port, limit)
