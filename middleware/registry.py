@@ -26,6 +26,10 @@ class StreamRegistry:
     def __len__(self) -> int:
         return len(self._active)
 
+    def requests(self) -> list[Drainable]:
+        """The requests in flight now, as a list (a cold path: the admin's live view)."""
+        return list(self._active)
+
     def add(self, request: Drainable) -> None:
         self._active.add(request)
 

@@ -1,4 +1,5 @@
-"""The admin listener: liveness, readiness, metrics and drain, apart from traffic.
+"""The admin listener: liveness, readiness, metrics, drain and the live view (`streams_view`),
+apart from traffic.
 
 It binds to 127.0.0.1 by default: nothing here needs to be reachable from outside the pod
 except by the kubelet, which is given the pod IP by setting `--admin-listen 0.0.0.0:9901`.
@@ -24,13 +25,22 @@ from starlette.routing import Route
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
+from sidecar.streams_view import StreamsView
 from sidecar.upstream.tls import UpstreamTLS
 from sidecar.upstream.types import Upstream
 
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_TIMEOUT_SECONDS = 2.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-ROUTES = {"/livez": "GET", "/readyz": "GET", "/metrics": "GET", "/drain": "POST"}  # GET takes HEAD
+ROUTES = {  # GET takes HEAD
+    "/livez": "GET",
+    "/readyz": "GET",
+    "/metrics": "GET",
+    "/drain": "POST",
+    "/streams": "GET",
+    "/streams/events": "GET",
+    "/": "GET",
+}
 
 
 class UpstreamHealth:
@@ -77,7 +87,8 @@ class UpstreamHealth:
 
 
 class AdminApp:
-    """`/livez`, `/readyz`, `/metrics`, `POST /drain` on Starlette routing (a cold path)."""
+    """`/livez`, `/readyz`, `/metrics`, `POST /drain`, the live view (`/streams`,
+    `/streams/events`, `/`) on Starlette routing (a cold path)."""
 
     def __init__(
         self,
@@ -90,11 +101,15 @@ class AdminApp:
         self.health = health
         self.start_drain = start_drain
         self.metrics = metrics
+        view = StreamsView(registry)
         endpoints = {
             "/livez": self._livez,
             "/readyz": self._readyz,
             "/metrics": self._metrics,
             "/drain": self._drain,
+            "/streams": view.streams,
+            "/streams/events": view.events,
+            "/": view.page,
         }
         self._app = Starlette(
             routes=[Route(path, endpoints[path], methods=[m]) for path, m in ROUTES.items()],

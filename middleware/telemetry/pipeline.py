@@ -168,6 +168,13 @@ class Pipeline:
             "Streams whose producer the guard cancelled, by outcome.",
             start,
         )
+        self.cancel_latency = LocalHistogram(
+            semconv.METRIC_CANCEL_LATENCY,
+            "s",
+            "From the decision to stop a stream to its producer having stopped.",
+            semconv.DURATION_BUCKETS,
+            start,
+        )
         self._local: tuple[LocalHistogram | LocalCounter | ChunkHistogram, ...] = (
             self.duration,
             self.ttfc,
@@ -176,6 +183,7 @@ class Pipeline:
             self.streams,
             self.keepalives,
             self.cancellations,
+            self.cancel_latency,
         )
         self._reader = InMemoryMetricReader()  # Prometheus text
         readers: list[MetricReader] = [self._reader, *metric_readers]
@@ -206,6 +214,7 @@ class Pipeline:
                     streams=self.streams,
                     keepalives=self.keepalives,
                     cancellations=self.cancellations,
+                    cancel_latency=self.cancel_latency,
                 )
             )
         if "access" in self.sink_names:

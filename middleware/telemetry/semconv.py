@@ -80,8 +80,9 @@ METRIC_STREAMS: Final = "sidestream.streams"  # counter by sidestream.outcome
 METRIC_ACTIVE_STREAMS: Final = "sidestream.active_streams"
 METRIC_KEEPALIVES: Final = "sidestream.keepalives"
 METRIC_CANCELLATIONS: Final = "sidestream.cancellations"  # counter by sidestream.outcome
+METRIC_CANCEL_LATENCY: Final = "sidestream.cancel_latency"  # histogram, seconds
 
-# The conventions' ExplicitBucketBoundaries. The three time metrics share one list: 10 ms
+# The conventions' ExplicitBucketBoundaries. The time metrics share one list: 10 ms
 # doubling to 81.92 s (the inter-chunk histogram relies on that, see gaps).
 DURATION_BUCKETS: Final = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,

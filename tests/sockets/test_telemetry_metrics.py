@@ -136,15 +136,18 @@ async def test_prometheus_text_has_every_instrument() -> None:
 
 async def test_keepalives_and_cancellations_are_counted() -> None:
     """A stream that stalls gets keep-alives (counted); one cut by the idle timeout is
-    counted as a cancellation by outcome."""
+    counted as a cancellation by outcome, and its cancel latency is in the histogram by
+    outcome; a completed stream adds no cancel latency."""
     telemetry = Telemetry()
     stalled = [(0, ROLE), (0, chunk("a")), (0.35, chunk("b")), (0, DONE)]
-    await run_streams(telemetry, [stalled], keepalive_interval=0.1, idle_timeout=0.25)
+    await run_streams(telemetry, [stalled, STREAM], keepalive_interval=0.1, idle_timeout=0.25)
     text = telemetry.prometheus_text().decode().splitlines()
     keepalives = [line for line in text if line.startswith("sidestream_keepalives_total")]
     assert keepalives and int(keepalives[0].split()[-1]) >= 1
     assert 'sidestream_cancellations_total{sidestream_outcome="idle_timeout"} 1' in text
     assert 'sidestream_streams_total{sidestream_outcome="idle_timeout"} 1' in text
+    assert 'sidestream_cancel_latency_seconds_count{sidestream_outcome="idle_timeout"} 1' in text
+    assert not [line for line in text if "cancel_latency" in line and '"completed"' in line]
 
 
 async def test_active_streams_gauge_counts_in_flight_streams_with_or_without_telemetry() -> None:

@@ -26,10 +26,16 @@ ROOT = Path(__file__).parents[2]
 K8S = ROOT / "k8s"
 K8S_VERSION = "1.33"
 YAML_FILES = sorted(p for p in K8S.rglob("*.yaml"))
-RESOURCE_FILES = [p for p in YAML_FILES if p.name != "kustomization.yaml"]
+# Not Kubernetes resources: kustomizations, and the plain Prometheus rules file.
+NOT_RESOURCES = {"kustomization.yaml", "sidestream-rules.yaml"}
+RESOURCE_FILES = [p for p in YAML_FILES if p.name not in NOT_RESOURCES]
 KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
 # CRDs kubernetes-validate has no schema for: checked by hand below.
-CRDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
+CRDS = {
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 def rel(path: Path) -> str:

@@ -2,7 +2,7 @@
 
 Duration (by error type when it failed), time to first chunk, the gaps between chunks (folded
 in at once, `gaps.ChunkHistogram`), token usage by type, streams and cancellations by outcome,
-keep-alives. Only for streams and GenAI paths: health probes and model listings are not
+keep-alives, and how long a cancelled stream took to stop. Only for streams and GenAI paths: health probes and model listings are not
 streams. The instruments are `Telemetry`'s (`metrics.LocalHistogram`, `LocalCounter`), which
 every collection and export reads.
 """
@@ -52,6 +52,7 @@ class MetricsSink:
         streams: LocalCounter,
         keepalives: LocalCounter,
         cancellations: LocalCounter,
+        cancel_latency: LocalHistogram,
     ) -> None:
         self.duration = duration
         self.ttfc = ttfc
@@ -60,6 +61,7 @@ class MetricsSink:
         self.streams = streams
         self.keepalives = keepalives
         self.cancellations = cancellations
+        self.cancel_latency = cancel_latency
 
     def emit(self, summary: Summary) -> None:
         if not summary.genai:
@@ -89,3 +91,5 @@ class MetricsSink:
             self.keepalives.add(summary.keepalives)
         if summary.aborted_at is not None and outcome in _CANCELLED:
             self.cancellations.add(1, by_outcome)
+            if summary.cancel_latency is not None:
+                self.cancel_latency.record(summary.cancel_latency, by_outcome)
