@@ -47,13 +47,6 @@ class Edit(Protocol):
         """Forget the last call: its output was not written (the chunk comes again)."""
 
 
-def untouched(edit: Edit, body: bytes) -> bool:
-    """Is `body` a chunk `edit` leaves as it is, by its `ends`: an event-ending chunk whose
-    fourth-last byte it does not name."""
-    ends = edit.ends
-    return ends is not None and len(body) > 3 and body[-1] == 10 and body[-4] not in ends
-
-
 class Relay:
     """A stream's relay state (see the module docstring); slotted, so that the fields a
     chunk touches sit in the object itself, fewer cache lines away when the next token of
@@ -138,7 +131,7 @@ class Relay:
                     message = {"type": "http.response.body", "body": body, "more_body": more}
             self._relayed(body, now)
             edit = self.edit
-            if edit is not None and not untouched(edit, body):
+            if edit is not None:  # every chunk: `ends` is for the fast path, where a call counts
                 message = {"type": "http.response.body", "body": edit(body), "more_body": more}
         if not more:
             self._enter(DONE)
@@ -167,7 +160,12 @@ class Relay:
         ):
             return False
         edit = self.edit
-        if edit is None or untouched(edit, body):
+        if edit is None or (  # or a chunk the edit leaves as it is, by its `ends` (no call)
+            (ends := edit.ends) is not None
+            and len(body) > 3
+            and body[-1] == 10
+            and body[-4] not in ends
+        ):
             if not self.server_nowait(body):
                 return False
         else:
