@@ -15,7 +15,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any
+from typing import Any, Protocol
 
 from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
 from middleware.dialects import select
@@ -47,14 +47,33 @@ EXPIRED: dict[Expiry, type[StreamError]] = {
 }
 
 
+class Resumer(Protocol):
+    """Resumable streams (`middleware.resume.Resume`): names an SSE stream as it starts,
+    setting the cycle's `edit` and `resumable`."""
+
+    def begin(self, cycle: Cycle, start: dict[str, Any]) -> None: ...
+
+
+class Resumable(Protocol):
+    """One resumable stream's state (`middleware.resume.producer.Producer`)."""
+
+    def reader_left(self) -> bool:
+        """The client left: True when the stream goes on (resume's grace), not cancelled."""
+
+    def end(self) -> None:
+        """The request has run (its outcome and error are set)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """What a cycle needs of its guard: the app, the timeouts, the stream types, the registry."""
+    """What a cycle needs of its guard: the app, the timeouts, the stream types, the registry,
+    resume (None: off)."""
 
     app: ASGIApp
     timeouts: Timeouts
     content_types: frozenset[bytes]
     registry: StreamRegistry
+    resume: Resumer | None = None
 
 
 class Cycle(Relay):
@@ -66,6 +85,7 @@ class Cycle(Relay):
         "error",
         "loop",
         "outcome",
+        "resumable",
         "running",
         "scope",
         "settings",
@@ -108,6 +128,7 @@ class Cycle(Relay):
         self.error: StreamError | None = None
         self.aborted_at: float | None = None  # a stop was decided (disconnect, timeout, drain)
         self.stopped_at: float | None = None  # the app has stopped
+        self.resumable: Resumable | None = None  # resume on, an SSE stream
 
     # -- the request ------------------------------------------------------------------------
 
@@ -122,6 +143,8 @@ class Cycle(Relay):
             await settings.app(self.scope, self.receiver.receive, self.send)
         except asyncio.CancelledError:
             if self.reason is None or (self.cancelled_task and task.uncancel() > base):
+                if self.resumable is not None:
+                    self.resumable.end()
                 raise
         except StreamError as exc:
             error = exc
@@ -147,6 +170,8 @@ class Cycle(Relay):
             self.outcome = error.outcome
             self.error = error
             await self._fail(error)
+        if self.resumable is not None:
+            self.resumable.end()
         if self.outcome is Outcome.SLOW_CLIENT and self.phase is not DONE:
             drop_slow_client(self.scope, self.settings.timeouts.send_timeout)
 
@@ -164,6 +189,8 @@ class Cycle(Relay):
         self._abort(ShuttingDown())
 
     def _client_left(self) -> None:
+        if self.resumable is not None and self.resumable.reader_left():
+            return
         self._abort(Outcome.CLIENT_DISCONNECTED)
 
     def _abort(self, reason: StreamError | Outcome) -> None:
@@ -201,6 +228,8 @@ class Cycle(Relay):
             await asyncio.wait((self.keepalive,))
         dialect = self.dialect or select(self.scope.get("path", ""))
         data = terminal_event(dialect, error.error_object(), self.line_state, sse=self.sse)
+        if self.edit is not None:  # the end goes through the edit too (resume stores it)
+            data, self.edit = self.edit(data), None
         self._enter(DONE)
         try:
             async with asyncio.timeout(self.settings.timeouts.send_timeout):
@@ -251,6 +280,8 @@ class Cycle(Relay):
         self.receiver.read_for_app()
         start: dict[str, Any] = dict(message)
         start["headers"] = stream_headers(headers, decode=bool(encoding))
+        if self.sse and self.settings.resume is not None:
+            self.settings.resume.begin(self, start)
         self.last_write = now = monotonic()
         self._rearm(now)
         await self.downstream(start)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from middleware.cycle import Cycle, Settings
+from middleware.cycle import Cycle, Resumer, Settings
 from middleware.deadlines import Timeouts
 from middleware.errors import Draining, TooManyStreams
 from middleware.registry import StreamRegistry
@@ -51,6 +51,13 @@ class Observer(Protocol):
         """Report this registry's requests in flight."""
 
 
+class Resume(Resumer, Protocol):
+    """What the guard asks of resume (`middleware.resume.Resume`)."""
+
+    def route(self, scope: Scope) -> ASGIApp | None:
+        """The responder for a resume or stop request, else None: never forwarded."""
+
+
 class StreamGuard:
     """Wrap an ASGI app so its SSE / NDJSON responses stream safely.
 
@@ -70,6 +77,7 @@ class StreamGuard:
         max_streams: int | None = None,
         registry: StreamRegistry | None = None,
         telemetry: Observer | None = None,
+        resume: Resume | bool = False,
     ) -> None:
         self.app = app
         self.timeouts = Timeouts(
@@ -82,11 +90,17 @@ class StreamGuard:
         self.max_streams = max_streams
         self.registry = registry if registry is not None else StreamRegistry()
         self.telemetry = telemetry  # None: off, nothing per chunk (middleware.telemetry)
+        if resume is True:
+            from middleware.resume import Resume as MemoryResume
+
+            resume = MemoryResume(keepalive=keepalive_interval)
+        self.resume: Any = resume or None  # None: off, no edit and nothing per chunk
         self.settings = Settings(
             app=app,
             timeouts=self.timeouts,
             content_types=frozenset(t.lower().encode() for t in content_types),
             registry=self.registry,
+            resume=self.resume,
         )
         self.cycle_class = Cycle
         if telemetry is not None:
@@ -96,6 +110,9 @@ class StreamGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.resume is not None and (responder := self.resume.route(scope)) is not None:
+            await responder(scope, receive, send)  # answered from the store, never forwarded
             return
         registry = self.registry
         cycle = self.cycle_class(self.settings, scope, receive, send)

@@ -73,6 +73,8 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         tls=upstream_tls(settings),
     )
     options: dict[str, Any] = {"telemetry": telemetry} if telemetry is not None else {}
+    if settings.resume:
+        options["resume"] = build_resume(settings)
     return StreamGuard(
         proxy,
         keepalive_interval=settings.keepalive_interval,
@@ -83,6 +85,19 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         max_streams=settings.max_streams,
         registry=registry,
         **options,
+    )
+
+
+def build_resume(settings: Settings) -> Any:
+    from middleware.resume import Resume
+
+    return Resume(
+        settings.resume_store,
+        grace=settings.resume_grace,
+        ttl=settings.resume_ttl,
+        max_bytes=settings.resume_max_bytes,
+        memory=settings.resume_memory,
+        keepalive=settings.keepalive_interval,
     )
 
 
@@ -130,8 +145,12 @@ class Sidecar:
             for server, sock in zip(self.servers, order, strict=True)
         ]
         up = asyncio.create_task(self._announce(sockets))
+        resume = self.guard.resume
+        checked = None if resume is None else asyncio.create_task(resume.store.ping())
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         up.cancel()
+        if checked is not None:
+            checked.cancel()
         for server in self.servers:  # one listener failed or stopped: stop the other too
             server.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
