@@ -1,0 +1,130 @@
+"""Resume across replicas: two sidecar processes (`--resume --resume-store redis://…`) share
+one real `redis-server` started here on a free port, in front of the emulator, which counts
+the generation requests it receives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sidecar.emulator import Stats, make_app
+from tests.support.clients import request
+from tests.support.procs import CHAT, Child, chat
+from tests.support.redis import RedisServer, redis_server
+from tests.support.servers import serve
+from tests.support.sseparse import parse
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[tuple[int, Stats]]:
+    stats = Stats()
+    async with serve(make_app(stats=stats)) as port:
+        yield port, stats
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[RedisServer]:
+    async with redis_server() as server:
+        yield server
+
+
+async def replicas(upstream: int, redis: RedisServer, count: int = 2) -> list[Child]:
+    children = [
+        Child(upstream, "--resume", "--resume-store", redis.url, "--resume-grace", "10")
+        for _ in range(count)
+    ]
+    for child in children:
+        await child.ready()
+    return children
+
+
+async def events_until(response: Any, count: int) -> bytes:
+    body = b""
+    while len(parse(body)) < count:
+        chunk = await response.chunk()
+        assert chunk is not None, body
+        body += chunk
+    return body
+
+
+async def test_a_stream_started_on_a_resumes_on_b_exactly_once(
+    emulator: tuple[int, Stats], redis: RedisServer
+) -> None:
+    """Rule: a stream started through replica A whose client dropped resumes through replica B
+    (`Last-Event-ID`): events k+1… exactly once, in order, to the end; one upstream request."""
+    upstream, stats = emulator
+    a, b = await replicas(upstream, redis)
+    try:
+        first = await request(a.port, "POST", CHAT, body=chat(40, 10))
+        stream_id = first.header("sidestream-stream-id")
+        assert stream_id is not None
+        head = parse(await events_until(first, 4))[:4]
+        first.close()
+        rest = await request(
+            b.port, "POST", CHAT, body=chat(40, 10), headers=[("Last-Event-ID", f"{stream_id}:4")]
+        )
+        tail = parse(await rest.body())
+        rest.close()
+    finally:
+        a.kill()
+        b.kill()
+    events = head + tail
+    assert [e[2] for e in events] == [f"{stream_id}:{n}" for n in range(1, len(events) + 1)]
+    assert events[-1][1] == "[DONE]"
+    tokens = [json.loads(e[1])["choices"] for e in events[:-1]]
+    assert sum(1 for c in tokens if c and c[0]["delta"].get("content")) == 40
+    assert stats.streams_started == 1
+
+
+async def test_killing_the_producing_replica_ends_remote_readers_within_5s(
+    emulator: tuple[int, Stats], redis: RedisServer
+) -> None:
+    """Rule: if the producing replica dies (SIGKILL), a reader on another replica gets a
+    terminal `upstream_error` event within 5 s; it never hangs."""
+    upstream, _ = emulator
+    a, b = await replicas(upstream, redis)
+    try:
+        first = await request(a.port, "POST", CHAT, body=chat(2000, 20))
+        stream_id = first.header("sidestream-stream-id")
+        await events_until(first, 3)
+        reader = await request(b.port, "GET", f"/sidestream/v1/streams/{stream_id}?after=2")
+        await events_until(reader, 3)
+        a.process.kill()
+        killed = time.monotonic()
+        body = await asyncio.wait_for(reader.body(), 8)
+        elapsed = time.monotonic() - killed
+        reader.close()
+        first.close()
+    finally:
+        a.kill()
+        b.kill()
+    assert json.loads(parse(body)[-1][1])["error"]["code"] == "upstream_error"
+    assert elapsed < 5.0
+
+
+async def test_redis_killed_mid_stream_the_stream_completes_and_resume_gets_503(
+    emulator: tuple[int, Stats], redis: RedisServer
+) -> None:
+    """Rule: the store never breaks a live stream: Redis killed mid-stream, the stream still
+    completes; a resume then gets 503 resume_store_unavailable."""
+    upstream, _ = emulator
+    (a,) = await replicas(upstream, redis, 1)
+    try:
+        first = await request(a.port, "POST", CHAT, body=chat(60, 10))
+        stream_id = first.header("sidestream-stream-id")
+        await events_until(first, 5)
+        redis.kill()
+        events = parse(await first.body())
+        first.close()
+        assert events[-1][1] == "[DONE]"
+        again = await request(a.port, "GET", f"/sidestream/v1/streams/{stream_id}?after=1")
+        error = json.loads(await again.body())
+        again.close()
+    finally:
+        a.kill()
+    assert again.status == 503 and error["error"]["code"] == "resume_store_unavailable"
