@@ -63,6 +63,17 @@ class Resumable(Protocol):
     def end(self) -> None:
         """The request has run (its outcome and error are set)."""
 
+    @property
+    def stream_id(self) -> str: ...
+
+    @property
+    def resumes(self) -> int:
+        """Resume requests served so far."""
+
+    @property
+    def end_seen(self) -> bool:
+        """A reader (the client, or one that resumed) has read the stream's end."""
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from middleware.dialects import select
 from middleware.errors import Cancelled, Outcome, StreamError
 from middleware.framing import terminal_event
+from middleware.phases import Phase
 from middleware.resume.stamper import Stamper
 from middleware.resume.store import ProducerLog
 from middleware.sse import LineState
@@ -79,6 +80,15 @@ class Producer:
         self.readers = 1  # the original client
         self.ended = False
         self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def resumes(self) -> int:
+        return self.log.resumes
+
+    @property
+    def end_seen(self) -> bool:
+        client = not self.cycle.receiver.client_gone and self.cycle.phase is Phase.DONE
+        return client or self.log.end_seen
 
     def reader_left(self) -> bool:
         """The original client left: no more writes to it, and no cancel yet (True)."""

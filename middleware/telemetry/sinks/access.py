@@ -25,7 +25,7 @@ ACCESS_FIELDS = (
     "time", "level", "logger", "request_id", "trace_id", "span_id", "method", "path",
     "model", "outcome", "status", "stream", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
     "itl_max_ms", "tokens", "input_tokens", "output_tokens", "tokens_per_s", "duration_ms",
-    "bytes", "chunks", "keepalives", "cancel_latency_ms",
+    "bytes", "chunks", "keepalives", "cancel_latency_ms", "stream_id", "resumes", "end_seen",
 )  # fmt: skip
 _CONSTANT = {"level": "info", "logger": semconv.ACCESS_LOGGER}
 _LINE = (
@@ -106,6 +106,9 @@ class AccessSink:
             summary.chunks,
             summary.keepalives,
             _ms(summary.cancel_latency),
+            _text(summary.stream_id),
+            _int(summary.resumes),
+            "null" if summary.end_seen is None else "true" if summary.end_seen else "false",
         )
         handler = sole(log)
         if handler is not None:  # configure_access_log's handler alone: the line, no LogRecord
