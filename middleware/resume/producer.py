@@ -44,6 +44,32 @@ class Cut(StreamError):
     default_message = "the stream ended before it was complete"
 
 
+class Ended:
+    """A stream's log once the stream has run: what telemetry reads, and nothing else.
+
+    A cycle is a reference cycle (its receiver calls back into it), freed by the collector's
+    passes, not at once; the log it pointed to is dropped from it here so that the events
+    are freed when the store lets them go, not when the collector comes round."""
+
+    __slots__ = ("end_seen", "resumes")
+
+    def __init__(self, log: ProducerLog) -> None:
+        self.resumes = log.resumes
+        self.end_seen = log.end_seen
+
+    def append(self, event: bytes) -> None:
+        pass
+
+    def retract(self, count: int) -> None:
+        pass
+
+    def end(self, tail: bytes, outcome: str) -> None:
+        pass
+
+    async def remote_readers(self) -> bool:
+        return False
+
+
 async def _discard(message: Message) -> None:
     """The original client's send once it has left: the stream goes on into the store."""
 
@@ -53,6 +79,7 @@ class Producer:
 
     __slots__ = (
         "_timer",
+        "client_saw_end",
         "cycle",
         "ended",
         "grace",
@@ -71,7 +98,7 @@ class Producer:
         grace: float,
         live: dict[str, Producer],
     ) -> None:
-        self.cycle = cycle
+        self.cycle: Cycle | None = cycle
         self.stream_id = stream_id
         self.log = log
         self.stamper = Stamper(stream_id, log)
@@ -79,6 +106,7 @@ class Producer:
         self.live = live  # the hub's producers on this replica, by id
         self.readers = 1  # the original client
         self.ended = False
+        self.client_saw_end = False
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -87,12 +115,13 @@ class Producer:
 
     @property
     def end_seen(self) -> bool:
-        client = not self.cycle.receiver.client_gone and self.cycle.phase is Phase.DONE
-        return client or self.log.end_seen
+        return self.client_saw_end or self.log.end_seen
 
     def reader_left(self) -> bool:
         """The original client left: no more writes to it, and no cancel yet (True)."""
         cycle = self.cycle
+        if cycle is None:
+            return False
         cycle.downstream = _discard
         cycle.server_nowait = None
         self.left()
@@ -124,11 +153,13 @@ class Producer:
         if elsewhere:  # look again in a second
             self._timer = asyncio.get_running_loop().call_later(1.0, self._grace_over)
             return
-        self.cycle._abort(Outcome.GRACE_EXPIRED)
+        if self.cycle is not None:
+            self.cycle._abort(Outcome.GRACE_EXPIRED)
 
     def stop(self) -> None:
         """DELETE: cancel the upstream now; every reader ends with `cancelled`."""
-        self.cycle._abort(Cancelled())
+        if self.cycle is not None:
+            self.cycle._abort(Cancelled())
 
     def end(self) -> None:
         """The cycle has run: the log's tail (the terminal event its client did not get
@@ -141,6 +172,12 @@ class Producer:
             self._timer = None
         self.live.pop(self.stream_id, None)
         cycle = self.cycle
+        assert cycle is not None
+        # No reference back to the cycle once it has run: the cycle holds this producer, and a
+        # reference cycle would keep the stream's events alive past the store's bounds until
+        # the collector's next full pass.
+        self.cycle = None
+        self.client_saw_end = not cycle.receiver.client_gone and cycle.phase is Phase.DONE
         outcome = cycle.outcome
         if cycle.edit is not None and outcome is not Outcome.COMPLETED:
             # The stamper stores it as the stream's last event, like any other.
@@ -152,6 +189,7 @@ class Producer:
                 state = LineState.EVENT
             stamper(terminal_event(dialect, error.error_object(), state, sse=True))
         self.log.end(b"", str(outcome))
+        self.log = self.stamper.log = Ended(self.log)
 
 
 def _error_for(outcome: Outcome) -> StreamError:

@@ -196,10 +196,10 @@ class RedisStore:
                         pipe.set(f"{key}:m", data, px=ttl)
                     else:
                         pipe.xadd(key, {b"end": data}, id=f"{n}-1")
-                        pipe.pexpire(f"{key}:m", ttl)
                         touched.add(key)
-                for key in touched:
+                for key in touched:  # a live stream's keys last `ttl` past its last write
                     pipe.pexpire(key, ttl)
+                    pipe.pexpire(f"{key}:m", ttl)
                 try:
                     await pipe.execute(raise_on_error=False)
                     self.failing = False

@@ -128,3 +128,38 @@ async def test_redis_killed_mid_stream_the_stream_completes_and_resume_gets_503(
     finally:
         a.kill()
     assert again.status == 503 and error["error"]["code"] == "resume_store_unavailable"
+
+
+async def test_redis_keys_expire_after_the_ttl(
+    emulator: tuple[int, Stats], redis: RedisServer
+) -> None:
+    """Rule: a finished stream's Redis keys carry the `--resume-ttl` expiry and are gone after
+    it (a resume then gets 404)."""
+    import redis.asyncio as aioredis
+
+    upstream, _ = emulator
+    child = Child(upstream, "--resume", "--resume-store", redis.url, "--resume-ttl", "1")
+    client = aioredis.from_url(redis.url)
+    try:
+        await child.ready()
+        response = await request(child.port, "POST", CHAT, body=chat(5, 0))
+        await response.body()
+        response.close()
+        stream_id = response.header("sidestream-stream-id")
+        keys = [f"sidestream:resume:{stream_id}", f"sidestream:resume:{stream_id}:m"]
+        deadline = time.monotonic() + 5
+        while await client.exists(*keys) < 2:  # the batched write may be a moment behind
+            assert time.monotonic() < deadline, "keys never written"
+            await asyncio.sleep(0.01)
+        ttls = [await client.pttl(k) for k in keys]
+        assert all(0 < ttl <= 1000 for ttl in ttls), ttls
+        while await client.exists(*keys):
+            assert time.monotonic() < deadline, "keys did not expire"
+            await asyncio.sleep(0.05)
+        gone = await request(child.port, "GET", f"/sidestream/v1/streams/{stream_id}")
+        await gone.body()
+        gone.close()
+    finally:
+        await client.aclose()
+        child.kill()
+    assert gone.status == 404
