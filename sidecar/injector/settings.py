@@ -27,10 +27,16 @@ _DURATIONS = {
     "first-token-timeout": "SIDESTREAM_FIRST_TOKEN_TIMEOUT",
     "max-duration": "SIDESTREAM_MAX_DURATION",
     "drain-timeout": "SIDESTREAM_DRAIN_TIMEOUT",
+    "resume-grace": "SIDESTREAM_RESUME_GRACE",
+    "resume-ttl": "SIDESTREAM_RESUME_TTL",
 }
 _PORTS = ("upstream-port", "listen-port", "admin-port")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-KNOWN = frozenset((*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "status"))
+KNOWN = frozenset(
+    (*_DURATIONS, *_PORTS, "mode", "image", "otel-endpoint", "log-level", "status")
+    + ("resume", "resume-store")
+)
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
 
@@ -54,6 +60,8 @@ class Settings:
     durations: tuple[tuple[str, float], ...] = ()
     otel_endpoint: str | None = None
     log_level: str | None = None
+    resume: bool = False
+    resume_store: str | None = None
 
     def env(self) -> list[dict[str, str]]:
         """The sidecar container's `env`, in a stable order."""
@@ -68,6 +76,10 @@ class Settings:
             env.append({"name": _DURATIONS[key], "value": _seconds(value)})
         if self.log_level is not None:
             env.append({"name": "SIDESTREAM_LOG_LEVEL", "value": self.log_level})
+        if self.resume:
+            env.append({"name": "SIDESTREAM_RESUME", "value": "true"})
+        if self.resume_store is not None:
+            env.append({"name": "SIDESTREAM_RESUME_STORE", "value": self.resume_store})
         if self.otel_endpoint is not None:
             env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otel_endpoint})
             env.append({"name": "OTEL_SERVICE_NAME", "value": "sidestream"})
@@ -127,6 +139,15 @@ def parse_settings(
     if level is not None and level.strip().lower() not in _LOG_LEVELS:
         problems.append(f"{PREFIX}log-level: {level!r} is not one of {', '.join(_LOG_LEVELS)}")
 
+    resume = ours.get("resume", "false").strip().lower()
+    if resume not in _TRUE + _FALSE:
+        problems.append(f"{PREFIX}resume: {ours['resume']!r} is not 'true' or 'false'")
+    store = ours.get("resume-store")
+    if store is not None and not (
+        store.strip() == "memory" or store.strip().startswith(("redis://", "rediss://"))
+    ):
+        problems.append(f"{PREFIX}resume-store: {store!r} is not 'memory' or a redis:// URL")
+
     if problems or upstream is None:
         raise InvalidAnnotation(problems)
     settings = Settings(
@@ -139,6 +160,8 @@ def parse_settings(
         durations=tuple(durations.items()),
         otel_endpoint=otel.strip() if otel is not None else None,
         log_level=level.strip().lower() if level is not None else None,
+        resume=resume in _TRUE,
+        resume_store=store.strip() if store is not None else None,
     )
     return settings, warnings
 
