@@ -8,6 +8,8 @@ Targets: `direct` (the client talks to the emulator: the physical floor), `sides
 (`python -m sidecar`, telemetry off), `sidestream+otel` (spans + metrics on, 100% sampling,
 exporting to the bench's sink), `nginx` (Debian package, 1 worker, `proxy_buffering off`,
 HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.py`).
+`sidestream+resume` is `sidestream` with `--resume` (memory store), `sidestream+redis` with
+`--resume --resume-store redis://…` and its own `redis-server` on the load cores.
 
 For A/B work on a change, `alt` and `alt+otel` are `sidestream` and `sidestream+otel` run from
 another sidestream tree, named by `BENCH_ALT` (e.g. a `git worktree` of another commit):
@@ -38,7 +40,10 @@ PY = sys.executable
 _CORES = sorted(os.sched_getaffinity(0))
 PROXY_CORES = {_CORES[-1]}
 LOAD_CORES = set(_CORES[:-1]) or set(_CORES)
-TARGETS = ("direct", "sidestream", "sidestream+otel", "nginx", "tutorial", "alt", "alt+otel")
+TARGETS = (
+    "direct", "sidestream", "sidestream+otel", "sidestream+resume", "sidestream+redis",
+    "nginx", "tutorial", "alt", "alt+otel",
+)  # fmt: skip
 BSP_DELAY_S = 5.0  # OTEL_BSP_SCHEDULE_DELAY for sidestream+otel: the SDK's default
 
 
@@ -201,7 +206,11 @@ class Session:
                 )
 
     def _start_sidestream(
-        self, otel: bool = False, cwd: Path = ROOT, sinks: str | None = None
+        self,
+        otel: bool = False,
+        cwd: Path = ROOT,
+        sinks: str | None = None,
+        flags: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         if otel:
             env = {
@@ -221,8 +230,20 @@ class Session:
             env["SIDESTREAM_TELEMETRY_SINKS"] = sinks
         argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
-        argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
+        argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1", *flags]
         return self.spawn(self.target, argv, PROXY_CORES, env, cwd)
+
+    def _start_sidestream_resume(self) -> subprocess.Popen[bytes]:
+        return self._start_sidestream(flags=("--resume",))
+
+    def _start_sidestream_redis(self) -> subprocess.Popen[bytes]:
+        port = free_port()
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        redis = self.spawn("redis", [*argv, "--appendonly", "no"], LOAD_CORES)
+        wait_port(port, redis)
+        return self._start_sidestream(
+            flags=("--resume", "--resume-store", f"redis://127.0.0.1:{port}/0")
+        )
 
     def _start_sidestream_otel(
         self, cwd: Path = ROOT, sinks: str | None = None

@@ -29,6 +29,7 @@ class MemoryLog:
         "events",
         "expiry",
         "first",
+        "max_bytes",
         "outcome",
         "resumes",
         "size",
@@ -45,6 +46,7 @@ class MemoryLog:
         self.events: deque[bytes] = deque()
         self.first = 1  # the index of events[0]
         self.size = 0
+        self.max_bytes = store.limits.max_bytes
         self.tail = b""
         self.ended = False
         self.outcome = ""
@@ -59,7 +61,7 @@ class MemoryLog:
         self.size += size
         store = self.store
         store.used += size
-        if self.size > store.limits.max_bytes or store.used > store.limits.memory:
+        if self.size > self.max_bytes or store.used > store.memory:
             store.trim(self)
         if self.waiter is not None:
             self._wake()
@@ -137,6 +139,7 @@ class MemoryStore:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
+        self.memory = self.limits.memory
         self.key = os.urandom(32)
         self.on_stop: Callable[[str], object] | None = None  # one process: never asked
         self.streams: dict[str, MemoryLog] = {}

@@ -12,8 +12,9 @@ Keys, for a stream `<id>` (prefix `sidestream:resume:`):
   3 s expiry: a reader whose producer vanished ends with a terminal `upstream_error`;
 - channel `stop` — DELETE on any replica publishes the id; its producer stops it.
 
-Appends are batched: every stream's events since the last write go in one pipelined
-request, at most one per loop turn and one in flight (never a round trip per token). The
+Appends are batched: every stream's events of the last `FLUSH_SECONDS` go in one pipelined
+request, one in flight at a time (never a round trip per token); a live stream's expiry is
+refreshed at most once a second. The
 store never breaks a live stream: a failed write is counted, logged once, and dropped.
 """
 
@@ -40,6 +41,7 @@ REFRESH_SECONDS = 1.0
 READER_MS = 5000
 BLOCK_MS = 1000
 MAX_PENDING_BYTES = 64 * 1024 * 1024
+FLUSH_SECONDS = 0.005  # how long appends gather before one write: latency to other replicas
 KEY = b"sidestream-resume-v1"  # the credential hash key: the same on every replica
 
 
@@ -150,6 +152,7 @@ class RedisStore:
         self.pending: list[tuple[str, str, int, bytes]] = []
         self.pending_bytes = 0
         self.flushing: asyncio.Task[None] | None = None
+        self.refreshed: dict[str, float] = {}  # a live stream's keys: expiry last set at
         self.background: list[asyncio.Task[None]] = []
         self.failures = 0
         self.failing = False
@@ -179,23 +182,29 @@ class RedisStore:
 
     async def _flush(self) -> None:
         """One pipelined write of everything queued; again while more came meanwhile."""
+        loop = asyncio.get_running_loop()
         try:
             while self.pending:
+                await asyncio.sleep(FLUSH_SECONDS)
                 batch, self.pending, self.pending_bytes = self.pending, [], 0
                 ttl = int(self.limits.ttl * 1000)
                 pipe = self.client.pipeline(transaction=False)
                 touched: set[str] = set()
+                now, refreshed = loop.time(), self.refreshed
                 for op, stream_id, n, data in batch:
                     key = PREFIX + stream_id
                     if op == "add":
                         pipe.xadd(key, {b"e": data}, id=f"{n}-1")
-                        touched.add(key)
+                        if now - refreshed.get(key, 0.0) > REFRESH_SECONDS:
+                            refreshed[key] = now
+                            touched.add(key)
                     elif op == "trim":
                         pipe.xtrim(key, minid=f"{n}-0")
                     elif op == "open":
                         pipe.set(f"{key}:m", data, px=ttl)
                     else:
                         pipe.xadd(key, {b"end": data}, id=f"{n}-1")
+                        refreshed.pop(key, None)
                         touched.add(key)
                 for key in touched:  # a live stream's keys last `ttl` past its last write
                     pipe.pexpire(key, ttl)

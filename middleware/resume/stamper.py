@@ -39,8 +39,10 @@ class Stamper:
         "after_cr",
         "appended",
         "at_start",
+        "boundary",
         "dropping",
         "fields",
+        "fmt",
         "id_field",
         "id_line",
         "log",
@@ -50,6 +52,7 @@ class Stamper:
         "saved",
         "stamped",
         "suffix",
+        "undo_n",
     )
 
     def __init__(self, stream_id: str, log: Log) -> None:
@@ -57,7 +60,10 @@ class Stamper:
         self.suffix = b"\nid: " + stream_id.encode() + b":%d\n\n"  # the fast path's event end
         self.id_field = b"id: " + stream_id.encode() + b":%d"  # an upstream id line's new text
         self.id_line = self.id_field + b"\n"
+        self.fmt = b"%bid: " + stream_id.encode() + b":%d\n\n"  # a one-line event's end
         self.n = 0  # events so far
+        self.undo_n = 0  # n before the last call
+        self.boundary = True  # at an event boundary: the fast paths apply
         self.at_start = True  # at the start of a line
         self.after_cr = False  # the last byte was a CR: an LF next ends the same line
         self.dropping = False  # inside an upstream id line (replaced by ours)
@@ -74,9 +80,43 @@ class Stamper:
 
     @property
     def at_boundary(self) -> bool:
-        return self.at_start and not self.fields and not self.parts and not self.after_cr
+        return self.boundary
 
     def __call__(self, body: bytes) -> bytes:
+        n = self.undo_n = self.n
+        if self.boundary and CR not in body:
+            end = len(body) - 2
+            if (
+                end > 0
+                and body.find(b"\n") == end
+                and body[-1] == LF
+                and not body.startswith((b":", b"id"))
+            ):  # the usual chunk: one one-line event
+                self.n = n = n + 1
+                self.saved = None
+                self.appended = 1
+                out: bytes = self.fmt % (body[:-1], n)
+                self.log.append(out)
+                return out
+            if (
+                body.endswith(b"\n\n")
+                and b"\n\n\n" not in body
+                and not body.startswith((b":", b"id", b"\n"))
+                and b"\nid" not in body
+                and b"\n:" not in body
+            ):  # whole events, each with a field line first and no id of its own
+                events = body[:-2].split(b"\n\n")
+                suffix, log = self.suffix, self.log
+                pieces = []
+                for event in events:
+                    n += 1
+                    stamped = event + suffix % n
+                    pieces.append(stamped)
+                    log.append(stamped)
+                self.n = n
+                self.saved = None
+                self.appended = len(events)
+                return b"".join(pieces)
         parts = self.parts
         self.saved = (
             self.n,
@@ -88,41 +128,22 @@ class Stamper:
             self.replaced,
             len(parts),
         )
-        if (
-            self.at_start
-            and not parts
-            and not self.after_cr
-            and body.endswith(b"\n\n")
-            and CR not in body
-            and b"\n\n\n" not in body
-            and not body.startswith((b":", b"id", b"\n"))
-            and b"\nid" not in body
-            and b"\n:" not in body
-        ):
-            # Whole events, each with a field line first and no id of its own.
-            events = body[:-2].split(b"\n\n")
-            suffix, log, n = self.suffix, self.log, self.n
-            out = []
-            for event in events:
-                n += 1
-                stamped = event + suffix % n
-                out.append(stamped)
-                log.append(stamped)
-            self.n = n
-            self.appended = len(events)
-            return out[0] if len(out) == 1 else b"".join(out)
         self.appended = 0
-        return self._lines(body)
+        out = self._lines(body)
+        self.boundary = self.at_start and not self.parts and not self.after_cr
+        return out
 
     def undo(self) -> None:
         saved = self.saved
-        if saved is None:
-            return
-        self.saved = None
-        n, self.at_start, self.after_cr, self.dropping, self.fields, self.stamped, *rest = saved
-        self.replaced, kept = rest  # type: ignore[assignment]
-        self.n = n
-        del self.parts[kept:]
+        if saved is None:  # a fast path's call: only n moved
+            self.n = self.undo_n
+        else:
+            self.saved = None
+            n, self.at_start, self.after_cr, self.dropping, self.fields, self.stamped, *rest = saved
+            self.replaced, kept = rest  # type: ignore[assignment]
+            self.n = n
+            del self.parts[kept:]
+            self.boundary = self.at_start and not self.parts and not self.after_cr
         if self.appended:
             self.log.retract(self.appended)
             self.appended = 0

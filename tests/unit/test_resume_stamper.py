@@ -99,3 +99,7 @@ def test_undo_forgets_the_last_call() -> None:
     assert log.events == [] and stamper.events == 0
     again = stamper(b"data: a\n\ndata: b\n\n")
     assert again.startswith(first) and stamper.events == 2 and len(log.events) == 2
+    one = stamper(b"data: c\n\n")  # the one-event fast path
+    stamper.undo()
+    assert stamper.events == 2 and len(log.events) == 2
+    assert stamper(b"data: c\n\n") == one and stamper.events == 3
