@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import os
@@ -101,6 +102,21 @@ def build_resume(settings: Settings) -> Any:
     )
 
 
+def with_resume_metrics(metrics: Any, resume: Any, registry: StreamRegistry) -> Any:
+    """`/metrics` with the resume metrics after telemetry's (or the active streams gauge)."""
+
+    async def combined() -> bytes:
+        text = b"# TYPE sidestream_active_streams gauge\nsidestream_active_streams %d\n" % len(
+            registry
+        )
+        if metrics is not None:
+            produced = metrics()
+            text = await produced if inspect.isawaitable(produced) else produced
+        return bytes(text) + bytes(resume.prometheus_text())
+
+    return combined
+
+
 def upstream_tls(settings: Settings) -> UpstreamTLS:
     return UpstreamTLS(ca=settings.upstream_ca, insecure=settings.upstream_insecure)
 
@@ -116,6 +132,8 @@ class Sidecar:
             settings.upstream, settings.upstream_health, upstream_tls(settings)
         )
         metrics = getattr(telemetry, "prometheus_text", None)
+        if self.guard.resume is not None:
+            metrics = with_resume_metrics(metrics, self.guard.resume, self.registry)
         self.admin = AdminApp(self.registry, self.health, self.start_drain, metrics)
         self.servers: list[Listener] = []
         self._drain: asyncio.Task[None] | None = None

@@ -96,6 +96,17 @@ class Resume:
         producer.stop()
         return True
 
+    def prometheus_text(self) -> bytes:
+        """The resume metrics, in the Prometheus text format (appended to `/metrics`)."""
+        name = "sidestream_resume_store_failures_total"
+        return (
+            f"# HELP {name} Resume store writes and reads that failed (the streams went on).\n"
+            f"# TYPE {name} counter\n{name} {self.failures + self.store.failures}\n"
+            "# HELP sidestream_resume_streams_live Resumable streams being generated here.\n"
+            "# TYPE sidestream_resume_streams_live gauge\n"
+            f"sidestream_resume_streams_live {len(self.live)}\n"
+        ).encode()
+
     def store_failed(self, exc: BaseException) -> None:
         self.failures += 1
         logger.warning("resume store failed: %s", exc)

@@ -140,6 +140,7 @@ class MemoryStore:
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self.memory = self.limits.memory
+        self.failures = 0  # nothing here can fail
         self.key = os.urandom(32)
         self.on_stop: Callable[[str], object] | None = None  # one process: never asked
         self.streams: dict[str, MemoryLog] = {}

@@ -82,6 +82,7 @@ class Reader(Protocol):
 class Store(Protocol):
     limits: Limits
     key: bytes  # the credential hash key
+    failures: int  # writes and reads that failed (the stream went on)
     on_stop: Callable[[str], object] | None  # a stop asked by another replica (set by the hub)
 
     def open(self, stream_id: str, credentials: str) -> ProducerLog: ...

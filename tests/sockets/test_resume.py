@@ -238,3 +238,26 @@ async def test_bad_resume_requests_get_their_status_and_are_never_forwarded(
         assert fine.status == 200 and parse(await fine.body())[-1][1] == "[DONE]"
         fine.close()
     assert stats.streams_started == started
+
+
+async def test_an_expired_stream_is_not_found(emulator: tuple[int, Stats]) -> None:
+    """Rule: a finished stream stays resumable for `--resume-ttl` seconds, then a resume gets
+    404 stream_not_found and is not forwarded."""
+    upstream, stats = emulator
+    async with serve(sidecar(upstream, "--resume-ttl", "0.3"), "sidecar") as port:
+        response, stream_id = await open_stream(port, chat_body(tokens=3, itl_ms=0))
+        await response.body()
+        response.close()
+        started = stats.streams_started
+        statuses = []
+        deadline = time.monotonic() + 5
+        while not statuses or statuses[-1] == 200:
+            assert time.monotonic() < deadline, "the stream never expired"
+            again = await request(port, "GET", f"/sidestream/v1/streams/{stream_id}?after=4")
+            body = await again.body()
+            again.close()
+            statuses.append(again.status)
+            await asyncio.sleep(0.05)
+    assert statuses[0] == 200 and statuses[-1] == 404
+    assert json.loads(body)["error"]["code"] == "stream_not_found"
+    assert stats.streams_started == started

@@ -125,9 +125,14 @@ async def test_redis_killed_mid_stream_the_stream_completes_and_resume_gets_503(
         again = await request(a.port, "GET", f"/sidestream/v1/streams/{stream_id}?after=1")
         error = json.loads(await again.body())
         again.close()
+        metrics = await request(a.admin, "GET", "/metrics")
+        text = (await metrics.body()).decode()
+        metrics.close()
     finally:
         a.kill()
     assert again.status == 503 and error["error"]["code"] == "resume_store_unavailable"
+    failures = [line for line in text.splitlines() if line.startswith("sidestream_resume_store_fa")]
+    assert failures and int(failures[0].split()[-1]) >= 1
 
 
 async def test_redis_keys_expire_after_the_ttl(
