@@ -177,7 +177,10 @@ class Producer:
         # reference cycle would keep the stream's events alive past the store's bounds until
         # the collector's next full pass.
         self.cycle = None
-        self.client_saw_end = not cycle.receiver.client_gone and cycle.phase is Phase.DONE
+        # A reader saw the end: the client, still there; or a resumed reader attached here now,
+        # which reads the end next (the log's own flag counts those that read it already).
+        client = not cycle.receiver.client_gone
+        self.client_saw_end = (client and cycle.phase is Phase.DONE) or self.readers > client
         outcome = cycle.outcome
         if cycle.edit is not None and outcome is not Outcome.COMPLETED:
             # The stamper stores it as the stream's last event, like any other.

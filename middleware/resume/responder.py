@@ -137,15 +137,25 @@ async def _replay(
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         done = False
+        loop = asyncio.get_running_loop()
+        keepalive = hub.keepalive
+        wrote = loop.time()
         while not done:
             try:
-                events, done = await reader.read(hub.keepalive)
+                due = None if keepalive is None else max(0.0, wrote + keepalive - loop.time())
+                events, done = await reader.read(due)
             except ResumeError as exc:
                 error = {"message": exc.message, "type": "resume_error", "code": exc.code}
                 body = b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 break
-            body = b"".join(events) if events else KEEPALIVE
+            if events:
+                body = b"".join(events)
+            elif keepalive is not None and loop.time() >= wrote + keepalive - 0.002:
+                body = KEEPALIVE  # at an event boundary: a reader only ever gets whole events
+            else:
+                continue
+            wrote = loop.time()
             await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:

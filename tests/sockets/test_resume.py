@@ -14,6 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from middleware.registry import StreamRegistry
+from middleware.telemetry import Telemetry, semconv
 from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
@@ -39,9 +40,9 @@ async def emulator() -> AsyncIterator[tuple[int, Stats]]:
         yield port, stats
 
 
-def sidecar(upstream: int, *flags: str) -> Any:
+def sidecar(upstream: int, *flags: str, telemetry: Any = None) -> Any:
     settings = load(["--upstream", f"http://127.0.0.1:{upstream}", "--resume", *flags], environ={})
-    return build_guard(settings, StreamRegistry())
+    return build_guard(settings, StreamRegistry(), telemetry)
 
 
 async def until(check: Any, timeout: float = 5.0) -> None:
@@ -261,3 +262,35 @@ async def test_an_expired_stream_is_not_found(emulator: tuple[int, Stats]) -> No
     assert statuses[0] == 200 and statuses[-1] == 404
     assert json.loads(body)["error"]["code"] == "stream_not_found"
     assert stats.streams_started == started
+
+
+async def test_the_access_line_counts_resumes_and_says_the_end_was_read(
+    emulator: tuple[int, Stats], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule: the generating stream keeps one access line, which names the stream, counts the
+    resume requests served and says whether a reader read its end; resume requests add none."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+    upstream, _ = emulator
+    app = sidecar(upstream, telemetry=Telemetry())
+    async with serve(app, "sidecar") as port:
+        response, stream_id = await open_stream(port, chat_body(tokens=30, itl_ms=30))
+        await events_until(response, 3)
+        response.close()
+        first = await request(port, "GET", f"/sidestream/v1/streams/{stream_id}?after=3")
+        await events_until(first, 2)
+        first.close()
+        second = await request(port, "GET", f"/sidestream/v1/streams/{stream_id}?after=3")
+        assert parse(await second.body())[-1][1] == "[DONE]"
+        second.close()
+
+        def lines() -> list[dict[str, Any]]:
+            return [
+                json.loads(r.getMessage())
+                for r in caplog.records
+                if r.name == semconv.ACCESS_LOGGER
+            ]
+
+        await until(lambda: len(lines()) >= 1)
+    (line,) = lines()
+    assert line["stream_id"] == stream_id and line["outcome"] == "completed"
+    assert line["resumes"] == 2 and line["end_seen"] is True

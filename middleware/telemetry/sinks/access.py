@@ -25,7 +25,7 @@ ACCESS_FIELDS = (
     "time", "level", "logger", "request_id", "trace_id", "span_id", "method", "path",
     "model", "outcome", "status", "stream", "ttft_ms", "itl_p50_ms", "itl_p99_ms",
     "itl_max_ms", "tokens", "input_tokens", "output_tokens", "tokens_per_s", "duration_ms",
-    "bytes", "chunks", "keepalives", "cancel_latency_ms", "stream_id", "resumes", "end_seen",
+    "bytes", "chunks", "keepalives", "cancel_latency_ms",
 )  # fmt: skip
 _CONSTANT = {"level": "info", "logger": semconv.ACCESS_LOGGER}
 _LINE = (
@@ -36,6 +36,8 @@ _LINE = (
     )
     + "}"
 )
+# With resume on, three more: the stream's id, resumes served, whether a reader read its end.
+_RESUME = ',"stream_id":%s,"resumes":%s,"end_seen":%s}'
 _quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 
 
@@ -106,10 +108,10 @@ class AccessSink:
             summary.chunks,
             summary.keepalives,
             _ms(summary.cancel_latency),
-            _text(summary.stream_id),
-            _int(summary.resumes),
-            "null" if summary.end_seen is None else "true" if summary.end_seen else "false",
         )
+        if summary.stream_id is not None:
+            seen = "true" if summary.end_seen else "false"
+            message = message[:-1] + _RESUME % (_quote(summary.stream_id), summary.resumes, seen)
         handler = sole(log)
         if handler is not None:  # configure_access_log's handler alone: the line, no LogRecord
             handler.write(message)
