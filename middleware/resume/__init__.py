@@ -78,7 +78,11 @@ class Resume:
         stream_id = new_stream_id()
         store = self.store
         credentials = credential_hash(store.key + stream_id.encode(), cycle.scope["headers"])
-        log = store.open(stream_id, credentials)
+        origin = ""
+        for name, value in start["headers"]:
+            if name.lower() == b"access-control-allow-origin":
+                origin = value.decode("latin-1")
+        log = store.open(stream_id, credentials, origin)
         producer = Producer(cycle, stream_id, log, self.limits.grace, self.live)
         self.live[stream_id] = producer
         cycle.resumable = producer

@@ -30,6 +30,7 @@ class MemoryLog:
         "expiry",
         "first",
         "max_bytes",
+        "origin",
         "outcome",
         "resumes",
         "size",
@@ -39,7 +40,10 @@ class MemoryLog:
         "waiter",
     )
 
-    def __init__(self, store: MemoryStore, stream_id: str, credentials: str) -> None:
+    def __init__(
+        self, store: MemoryStore, stream_id: str, credentials: str, origin: str = ""
+    ) -> None:
+        self.origin = origin
         self.store = store
         self.stream_id = stream_id
         self.credentials = credentials
@@ -108,10 +112,11 @@ class MemoryLog:
 class MemoryReader:
     """One resume request's cursor into a `MemoryLog`."""
 
-    __slots__ = ("cursor", "log")
+    __slots__ = ("cursor", "log", "origin")
 
     def __init__(self, log: MemoryLog, after: int) -> None:
         self.log = log
+        self.origin = log.origin
         self.cursor = after  # the last event this reader has
         log.resumes += 1
 
@@ -147,8 +152,8 @@ class MemoryStore:
         self.done: OrderedDict[str, MemoryLog] = OrderedDict()
         self.used = 0
 
-    def open(self, stream_id: str, credentials: str) -> MemoryLog:
-        log = MemoryLog(self, stream_id, credentials)
+    def open(self, stream_id: str, credentials: str, origin: str = "") -> MemoryLog:
+        log = MemoryLog(self, stream_id, credentials, origin)
         self.streams[stream_id] = log
         return log
 

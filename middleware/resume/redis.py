@@ -91,9 +91,12 @@ class RedisLog:
 class RedisReader:
     """One resume request's cursor: XREAD after the last entry it has."""
 
-    __slots__ = ("cursor", "refreshed", "replica", "store", "stream_id")
+    __slots__ = ("cursor", "origin", "refreshed", "replica", "store", "stream_id")
 
-    def __init__(self, store: RedisStore, stream_id: str, after: int, replica: str) -> None:
+    def __init__(
+        self, store: RedisStore, stream_id: str, after: int, replica: str, origin: str
+    ) -> None:
+        self.origin = origin
         self.store = store
         self.stream_id = stream_id
         self.cursor = f"{after}-1" if after else "0-0"
@@ -159,10 +162,11 @@ class RedisStore:
 
     # -- the producing side: sync, never raising ------------------------------------------
 
-    def open(self, stream_id: str, credentials: str) -> RedisLog:
+    def open(self, stream_id: str, credentials: str, origin: str = "") -> RedisLog:
         if not self.background:
             self.start()
-        self.queue(("open", stream_id, 0, f"{credentials} {self.replica}".encode()))
+        meta = f"{credentials} {self.replica} {origin}".encode("latin-1", "replace")
+        self.queue(("open", stream_id, 0, meta))
         return RedisLog(self, stream_id)
 
     def queue(self, item: tuple[str, str, int, bytes]) -> None:
@@ -248,7 +252,8 @@ class RedisStore:
 
     # -- the reading side ------------------------------------------------------------------
 
-    async def _meta(self, stream_id: str, credentials: str) -> str:
+    async def _meta(self, stream_id: str, credentials: str) -> tuple[str, str]:
+        """(the producing replica, the first response's allowed origin)"""
         try:
             meta = await self.client.get(f"{PREFIX}{stream_id}:m")
         except aioredis.RedisError as exc:
@@ -256,14 +261,15 @@ class RedisStore:
             raise StoreUnavailable() from exc
         if meta is None:
             raise StreamNotFound()
-        text: str = meta.decode()
-        stored, _, replica = text.partition(" ")
+        text: str = meta.decode("latin-1")
+        stored, _, rest = text.partition(" ")
+        replica, _, origin = rest.partition(" ")
         if not same_credentials(stored, credentials):
             raise StreamNotFound()
-        return replica
+        return replica, origin
 
     async def attach(self, stream_id: str, after: int, credentials: str) -> RedisReader:
-        replica = await self._meta(stream_id, credentials)
+        replica, origin = await self._meta(stream_id, credentials)
         try:
             first = await self.client.xrange(PREFIX + stream_id, "-", "+", count=1)
         except aioredis.RedisError as exc:
@@ -271,7 +277,7 @@ class RedisStore:
             raise StoreUnavailable() from exc
         if first and int(first[0][0].split(b"-")[0]) > after + 1 and b"e" in first[0][1]:
             raise ResumePointGone()
-        return RedisReader(self, stream_id, after, replica)
+        return RedisReader(self, stream_id, after, replica, origin)
 
     async def check(self, stream_id: str, credentials: str) -> None:
         await self._meta(stream_id, credentials)

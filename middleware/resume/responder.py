@@ -134,6 +134,8 @@ async def _replay(
     if producer is not None:
         producer.joined()
     headers = [*STREAM_HEADERS, (b"sidestream-stream-id", stream_id.encode())]
+    if reader.origin:  # as the first response allowed: a cross-origin EventSource resumes too
+        headers.append((b"access-control-allow-origin", reader.origin.encode("latin-1")))
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         done = False

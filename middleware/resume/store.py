@@ -72,6 +72,8 @@ class ProducerLog(Protocol):
 
 
 class Reader(Protocol):
+    origin: str  # the first response's Access-Control-Allow-Origin ("" when it had none)
+
     async def read(self, timeout: float | None) -> tuple[list[bytes], bool]:
         """The next events (none when `timeout` passed first) and whether the end is in
         them; StoreUnavailable or ResumePointGone mid-stream end the reader's stream."""
@@ -85,7 +87,7 @@ class Store(Protocol):
     failures: int  # writes and reads that failed (the stream went on)
     on_stop: Callable[[str], object] | None  # a stop asked by another replica (set by the hub)
 
-    def open(self, stream_id: str, credentials: str) -> ProducerLog: ...
+    def open(self, stream_id: str, credentials: str, origin: str = "") -> ProducerLog: ...
 
     async def attach(self, stream_id: str, after: int, credentials: str) -> Reader: ...
 

@@ -294,3 +294,30 @@ async def test_the_access_line_counts_resumes_and_says_the_end_was_read(
     (line,) = lines()
     assert line["stream_id"] == stream_id and line["outcome"] == "completed"
     assert line["resumes"] == 2 and line["end_seen"] is True
+
+
+async def test_a_resume_allows_the_origin_the_first_response_allowed(
+    emulator: tuple[int, Stats],
+) -> None:
+    """Rule: a resumed answer carries the first response's Access-Control-Allow-Origin, so a
+    cross-origin EventSource can resume; a stream without one gets none."""
+    upstream, _ = emulator
+    async with serve(sidecar(upstream), "sidecar") as port:
+        first = await request(port, "GET", "/v1/stream?tokens=3&ttft_ms=0&itl_ms=0")
+        await first.body()
+        first.close()
+        stream_id = first.header("sidestream-stream-id")
+        again = await request(
+            port, "GET", "/v1/stream", headers=[("Last-Event-ID", f"{stream_id}:2")]
+        )
+        replay = parse(await again.body())
+        again.close()
+        chat, chat_id = await open_stream(port, chat_body(tokens=2, itl_ms=0))
+        await chat.body()
+        chat.close()
+        plain = await request(port, "GET", f"/sidestream/v1/streams/{chat_id}")
+        await plain.body()
+        plain.close()
+    assert first.header("access-control-allow-origin") == "*"
+    assert again.header("access-control-allow-origin") == "*" and replay[-1][1] == "[DONE]"
+    assert plain.status == 200 and plain.header("access-control-allow-origin") is None
