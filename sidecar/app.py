@@ -75,7 +75,7 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
     )
     options: dict[str, Any] = {"telemetry": telemetry} if telemetry is not None else {}
     if settings.resume:
-        options["resume"] = build_resume(settings)
+        options["resume"] = build_resume(settings, telemetry)
     return StreamGuard(
         proxy,
         keepalive_interval=settings.keepalive_interval,
@@ -89,9 +89,15 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
     )
 
 
-def build_resume(settings: Settings) -> Any:
+def build_resume(settings: Settings, telemetry: Any = None) -> Any:
     from middleware.resume import Resume
 
+    tracer = None
+    provider = getattr(telemetry, "tracer_provider", None)
+    if provider is not None:
+        from middleware.telemetry.resume_spans import ResumeSpans
+
+        tracer = ResumeSpans(provider)
     return Resume(
         settings.resume_store,
         grace=settings.resume_grace,
@@ -99,6 +105,7 @@ def build_resume(settings: Settings) -> Any:
         max_bytes=settings.resume_max_bytes,
         memory=settings.resume_memory,
         keepalive=settings.keepalive_interval,
+        tracer=tracer,
     )
 
 

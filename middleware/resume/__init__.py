@@ -20,6 +20,7 @@ from middleware.resume.ids import credential_hash, new_stream_id
 from middleware.resume.memory import MemoryStore
 from middleware.resume.producer import Producer
 from middleware.resume.responder import PREFIX, serve
+from middleware.resume.spans import current_link
 from middleware.resume.store import Limits, Store
 from middleware.types import ASGIApp, Scope
 
@@ -56,11 +57,14 @@ class Resume:
         max_bytes: int = 1024 * 1024,
         memory: int = 256 * 1024 * 1024,
         keepalive: float | None = 15.0,
+        tracer: Any = None,
     ) -> None:
         self.limits = Limits(max_bytes=max_bytes, memory=memory, ttl=ttl, grace=grace)
         self.store = make_store(store, self.limits)
         self.store.on_stop = self._stop_here
         self.keepalive = keepalive
+        # `middleware.telemetry.resume_spans.ResumeSpans`: each resume request gets a span.
+        self.tracer = tracer
         self.live: dict[str, Producer] = {}
         self.failures = 0  # store failures seen by resume requests (a metric reads it)
 
@@ -82,7 +86,8 @@ class Resume:
         for name, value in start["headers"]:
             if name.lower() == b"access-control-allow-origin":
                 origin = value.decode("latin-1")
-        log = store.open(stream_id, credentials, origin)
+        link = "" if self.tracer is None else current_link()
+        log = store.open(stream_id, credentials, origin, link)
         producer = Producer(cycle, stream_id, log, self.limits.grace, self.live)
         self.live[stream_id] = producer
         cycle.resumable = producer

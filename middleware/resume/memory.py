@@ -29,6 +29,7 @@ class MemoryLog:
         "events",
         "expiry",
         "first",
+        "link",
         "max_bytes",
         "origin",
         "outcome",
@@ -41,9 +42,10 @@ class MemoryLog:
     )
 
     def __init__(
-        self, store: MemoryStore, stream_id: str, credentials: str, origin: str = ""
+        self, store: MemoryStore, stream_id: str, credentials: str, origin: str, link: str
     ) -> None:
         self.origin = origin
+        self.link = link
         self.store = store
         self.stream_id = stream_id
         self.credentials = credentials
@@ -112,11 +114,12 @@ class MemoryLog:
 class MemoryReader:
     """One resume request's cursor into a `MemoryLog`."""
 
-    __slots__ = ("cursor", "log", "origin")
+    __slots__ = ("cursor", "link", "log", "origin")
 
     def __init__(self, log: MemoryLog, after: int) -> None:
         self.log = log
         self.origin = log.origin
+        self.link = log.link
         self.cursor = after  # the last event this reader has
         log.resumes += 1
 
@@ -152,8 +155,8 @@ class MemoryStore:
         self.done: OrderedDict[str, MemoryLog] = OrderedDict()
         self.used = 0
 
-    def open(self, stream_id: str, credentials: str, origin: str = "") -> MemoryLog:
-        log = MemoryLog(self, stream_id, credentials, origin)
+    def open(self, stream_id: str, credentials: str, origin: str = "", link: str = "") -> MemoryLog:
+        log = MemoryLog(self, stream_id, credentials, origin, link)
         self.streams[stream_id] = log
         return log
 

@@ -91,12 +91,12 @@ class RedisLog:
 class RedisReader:
     """One resume request's cursor: XREAD after the last entry it has."""
 
-    __slots__ = ("cursor", "origin", "refreshed", "replica", "store", "stream_id")
+    __slots__ = ("cursor", "link", "origin", "refreshed", "replica", "store", "stream_id")
 
-    def __init__(
-        self, store: RedisStore, stream_id: str, after: int, replica: str, origin: str
-    ) -> None:
-        self.origin = origin
+    def __init__(self, store: RedisStore, stream_id: str, after: int, meta: dict[str, str]) -> None:
+        self.origin = meta.get("o", "")
+        self.link = meta.get("t", "")
+        replica = meta.get("r", "")
         self.store = store
         self.stream_id = stream_id
         self.cursor = f"{after}-1" if after else "0-0"
@@ -162,11 +162,11 @@ class RedisStore:
 
     # -- the producing side: sync, never raising ------------------------------------------
 
-    def open(self, stream_id: str, credentials: str, origin: str = "") -> RedisLog:
+    def open(self, stream_id: str, credentials: str, origin: str = "", link: str = "") -> RedisLog:
         if not self.background:
             self.start()
-        meta = f"{credentials} {self.replica} {origin}".encode("latin-1", "replace")
-        self.queue(("open", stream_id, 0, meta))
+        meta = {"c": credentials, "r": self.replica, "o": origin, "t": link}
+        self.queue(("open", stream_id, 0, json.dumps(meta).encode()))
         return RedisLog(self, stream_id)
 
     def queue(self, item: tuple[str, str, int, bytes]) -> None:
@@ -252,8 +252,9 @@ class RedisStore:
 
     # -- the reading side ------------------------------------------------------------------
 
-    async def _meta(self, stream_id: str, credentials: str) -> tuple[str, str]:
-        """(the producing replica, the first response's allowed origin)"""
+    async def _meta(self, stream_id: str, credentials: str) -> dict[str, str]:
+        """The stream's meta: credentials hash `c`, producing replica `r`, the first
+        response's allowed origin `o`, the generating span `t`."""
         try:
             meta = await self.client.get(f"{PREFIX}{stream_id}:m")
         except aioredis.RedisError as exc:
@@ -261,15 +262,13 @@ class RedisStore:
             raise StoreUnavailable() from exc
         if meta is None:
             raise StreamNotFound()
-        text: str = meta.decode("latin-1")
-        stored, _, rest = text.partition(" ")
-        replica, _, origin = rest.partition(" ")
-        if not same_credentials(stored, credentials):
+        fields: dict[str, str] = json.loads(meta)
+        if not same_credentials(fields.get("c", ""), credentials):
             raise StreamNotFound()
-        return replica, origin
+        return fields
 
     async def attach(self, stream_id: str, after: int, credentials: str) -> RedisReader:
-        replica, origin = await self._meta(stream_id, credentials)
+        meta = await self._meta(stream_id, credentials)
         try:
             first = await self.client.xrange(PREFIX + stream_id, "-", "+", count=1)
         except aioredis.RedisError as exc:
@@ -277,7 +276,7 @@ class RedisStore:
             raise StoreUnavailable() from exc
         if first and int(first[0][0].split(b"-")[0]) > after + 1 and b"e" in first[0][1]:
             raise ResumePointGone()
-        return RedisReader(self, stream_id, after, replica, origin)
+        return RedisReader(self, stream_id, after, meta)
 
     async def check(self, stream_id: str, credentials: str) -> None:
         await self._meta(stream_id, credentials)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from typing import Protocol
+from typing import Any, Protocol
 
 from middleware.resume.ids import (
     InvalidEventId,
@@ -44,6 +44,7 @@ class Resume(Protocol):
     store: Store
     live: dict[str, Producer]
     keepalive: float | None
+    tracer: Any
 
     async def stop(self, stream_id: str) -> None: ...
 
@@ -121,7 +122,14 @@ async def serve(hub: Resume, scope: Scope, receive: Receive, send: Send) -> None
         error = StoreUnavailable()
         await json_error(send, error.status, error.code, error.message)
         return
-    await _replay(hub, stream_id, reader, scope, receive, send)
+    if hub.tracer is None:
+        await _replay(hub, stream_id, reader, scope, receive, send)
+        return
+    span = hub.tracer.start(stream_id, after, reader.link)
+    try:
+        await _replay(hub, stream_id, reader, scope, receive, send)
+    finally:
+        span.end()
 
 
 async def _replay(

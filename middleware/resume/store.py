@@ -73,6 +73,7 @@ class ProducerLog(Protocol):
 
 class Reader(Protocol):
     origin: str  # the first response's Access-Control-Allow-Origin ("" when it had none)
+    link: str  # the generating stream's span context, `<trace id>-<span id>` ("": none)
 
     async def read(self, timeout: float | None) -> tuple[list[bytes], bool]:
         """The next events (none when `timeout` passed first) and whether the end is in
@@ -87,7 +88,9 @@ class Store(Protocol):
     failures: int  # writes and reads that failed (the stream went on)
     on_stop: Callable[[str], object] | None  # a stop asked by another replica (set by the hub)
 
-    def open(self, stream_id: str, credentials: str, origin: str = "") -> ProducerLog: ...
+    def open(
+        self, stream_id: str, credentials: str, origin: str = "", link: str = ""
+    ) -> ProducerLog: ...
 
     async def attach(self, stream_id: str, after: int, credentials: str) -> Reader: ...
 

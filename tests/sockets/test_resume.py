@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, semconv
@@ -264,14 +266,16 @@ async def test_an_expired_stream_is_not_found(emulator: tuple[int, Stats]) -> No
     assert stats.streams_started == started
 
 
-async def test_the_access_line_counts_resumes_and_says_the_end_was_read(
+async def test_one_span_per_stream_resumes_linked_and_counted_in_the_access_line(
     emulator: tuple[int, Stats], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Rule: the generating stream keeps one access line, which names the stream, counts the
-    resume requests served and says whether a reader read its end; resume requests add none."""
+    """Rule: the generating stream keeps one span and one access line, which name the stream,
+    count the resume requests served and say whether a reader read its end; each resume
+    request gets its own short span, linked to the generating stream's."""
     caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
     upstream, _ = emulator
-    app = sidecar(upstream, telemetry=Telemetry())
+    exporter = InMemorySpanExporter()
+    app = sidecar(upstream, telemetry=Telemetry(span_processor=SimpleSpanProcessor(exporter)))
     async with serve(app, "sidecar") as port:
         response, stream_id = await open_stream(port, chat_body(tokens=30, itl_ms=30))
         await events_until(response, 3)
@@ -290,10 +294,19 @@ async def test_the_access_line_counts_resumes_and_says_the_end_was_read(
                 if r.name == semconv.ACCESS_LOGGER
             ]
 
-        await until(lambda: len(lines()) >= 1)
+        await until(lambda: len(lines()) >= 1 and len(exporter.get_finished_spans()) >= 3)
     (line,) = lines()
     assert line["stream_id"] == stream_id and line["outcome"] == "completed"
     assert line["resumes"] == 2 and line["end_seen"] is True
+    spans = exporter.get_finished_spans()
+    (stream,) = [s for s in spans if s.name != "sidestream.resume"]
+    resumes = [s for s in spans if s.name == "sidestream.resume"]
+    assert len(spans) == 3 and len(resumes) == 2
+    assert stream.attributes is not None and stream.attributes["sidestream.resume.count"] == 2
+    for span in resumes:
+        assert [link.context.span_id for link in span.links] == [stream.context.span_id]
+        assert span.attributes is not None
+        assert span.attributes["sidestream.resume.stream_id"] == stream_id
 
 
 async def test_a_resume_allows_the_origin_the_first_response_allowed(
