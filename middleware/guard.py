@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from middleware.cycle import Cycle, Resumer, Settings
 from middleware.deadlines import Timeouts
@@ -94,7 +94,8 @@ class StreamGuard:
             from middleware.resume import Resume as MemoryResume
 
             resume = MemoryResume(keepalive=keepalive_interval)
-        self.resume: Any = resume or None  # None: off, no edit and nothing per chunk
+        # None: off, no edit and nothing per chunk (middleware.resume)
+        self.resume: Resume | None = None if isinstance(resume, bool) else resume
         self.settings = Settings(
             app=app,
             timeouts=self.timeouts,

@@ -170,7 +170,7 @@ class Sidecar:
             for server, sock in zip(self.servers, order, strict=True)
         ]
         up = asyncio.create_task(self._announce(sockets))
-        resume = self.guard.resume
+        resume: Any = self.guard.resume  # middleware.resume.Resume
         checked = None if resume is None else asyncio.create_task(resume.store.ping())
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         up.cancel()

@@ -14,7 +14,7 @@ import pytest
 
 from sidecar.emulator import Stats, make_app
 from tests.support.clients import request
-from tests.support.procs import CHAT, Child, chat
+from tests.support.procs import CHAT, Child, chat, free_port
 from tests.support.redis import RedisServer, redis_server
 from tests.support.servers import serve
 from tests.support.sseparse import parse
@@ -168,3 +168,27 @@ async def test_redis_keys_expire_after_the_ttl(
         await client.aclose()
         child.kill()
     assert gone.status == 404
+
+
+async def test_redis_unreachable_at_start_is_a_warning_not_an_exit(
+    emulator: tuple[int, Stats],
+) -> None:
+    """Rule: a Redis store that cannot be reached at start is not an exit (a warning): streams
+    flow, named and stamped, and a resume gets 503 resume_store_unavailable."""
+    upstream, _ = emulator
+    nothing = free_port()
+    child = Child(upstream, "--resume", "--resume-store", f"redis://127.0.0.1:{nothing}/0")
+    try:
+        await child.ready()
+        response = await request(child.port, "POST", CHAT, body=chat(5, 0))
+        events = parse(await response.body())
+        response.close()
+        stream_id = response.header("sidestream-stream-id")
+        again = await request(child.port, "GET", f"/sidestream/v1/streams/{stream_id}")
+        error = json.loads(await again.body())
+        again.close()
+        assert child.process.poll() is None
+    finally:
+        child.kill()
+    assert events[-1][1] == "[DONE]" and events[0][2] == f"{stream_id}:1"
+    assert again.status == 503 and error["error"]["code"] == "resume_store_unavailable"
