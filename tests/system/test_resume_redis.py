@@ -192,3 +192,58 @@ async def test_redis_unreachable_at_start_is_a_warning_not_an_exit(
         child.kill()
     assert events[-1][1] == "[DONE]" and events[0][2] == f"{stream_id}:1"
     assert again.status == 503 and error["error"]["code"] == "resume_store_unavailable"
+
+
+async def test_a_reader_on_b_keeps_the_stream_alive_past_a_grace(
+    emulator: tuple[int, Stats], redis: RedisServer
+) -> None:
+    """Rule: the grace period counts readers on every replica: with A's client gone and a
+    reader attached on B, A goes on generating past `--resume-grace`, to the end."""
+    upstream, stats = emulator
+    flags = ("--resume", "--resume-store", redis.url, "--resume-grace", "0.5")
+    a, b = Child(upstream, *flags), Child(upstream, *flags)
+    try:
+        await a.ready()
+        await b.ready()
+        first = await request(a.port, "POST", CHAT, body=chat(120, 20))
+        stream_id = first.header("sidestream-stream-id")
+        await events_until(first, 3)
+        reader = await request(b.port, "GET", f"/sidestream/v1/streams/{stream_id}?after=3")
+        await events_until(reader, 2)
+        first.close()
+        events = parse(await asyncio.wait_for(reader.body(), 10))
+        reader.close()
+    finally:
+        a.kill()
+        b.kill()
+    assert events[-1][1] == "[DONE]" and stats.streams_cancelled == 0
+
+
+async def test_delete_on_b_stops_the_stream_produced_on_a(
+    emulator: tuple[int, Stats], redis: RedisServer
+) -> None:
+    """Rule: DELETE on any replica stops the stream where it is produced: 204, A's upstream
+    cancelled, and readers on both replicas end with a terminal `cancelled` event."""
+    upstream, stats = emulator
+    a, b = await replicas(upstream, redis)
+    try:
+        first = await request(a.port, "POST", CHAT, body=chat(2000, 20))
+        stream_id = first.header("sidestream-stream-id")
+        await events_until(first, 3)
+        reader = await request(b.port, "GET", f"/sidestream/v1/streams/{stream_id}?after=1")
+        await events_until(reader, 2)
+        stop = await request(b.port, "DELETE", f"/sidestream/v1/streams/{stream_id}")
+        await stop.body()
+        stop.close()
+        bodies = [
+            await asyncio.wait_for(first.body(), 5),
+            await asyncio.wait_for(reader.body(), 5),
+        ]
+        first.close()
+        reader.close()
+    finally:
+        a.kill()
+        b.kill()
+    assert stop.status == 204 and stats.streams_cancelled == 1
+    for body in bodies:
+        assert json.loads(parse(body)[-1][1])["error"]["code"] == "cancelled"
