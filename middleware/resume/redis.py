@@ -41,6 +41,7 @@ REFRESH_SECONDS = 1.0
 READER_MS = 5000
 BLOCK_MS = 1000
 MAX_PENDING_BYTES = 64 * 1024 * 1024
+OPEN_RETRIES, OPEN_RETRY_SECONDS = 2, 0.05  # an unknown id: looked up again, 100 ms in all
 FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to other replicas
 KEY = b"sidestream-resume-v1"  # the credential hash key: the same on every replica
 
@@ -156,6 +157,7 @@ class RedisStore:
         self.pending_bytes = 0
         self.flushing: asyncio.Task[None] | None = None
         self.refreshed: dict[str, float] = {}  # a live stream's keys: expiry last set at
+        self.opened = False  # a stream was opened since the last write: write it at once
         self.background: list[asyncio.Task[None]] = []
         self.failures = 0
         self.failing = False
@@ -166,6 +168,7 @@ class RedisStore:
         if not self.background:
             self.start()
         meta = {"c": credentials, "r": self.replica, "o": origin, "t": link}
+        self.opened = True  # its client may resume on another replica at once: no gathering
         self.queue(("open", stream_id, 0, json.dumps(meta).encode()))
         return RedisLog(self, stream_id)
 
@@ -189,7 +192,8 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         try:
             while self.pending:
-                await asyncio.sleep(FLUSH_SECONDS)
+                await asyncio.sleep(0 if self.opened else FLUSH_SECONDS)
+                self.opened = False
                 batch, self.pending, self.pending_bytes = self.pending, [], 0
                 ttl = int(self.limits.ttl * 1000)
                 pipe = self.client.pipeline(transaction=False)
@@ -257,6 +261,11 @@ class RedisStore:
         response's allowed origin `o`, the generating span `t`."""
         try:
             meta = await self.client.get(f"{PREFIX}{stream_id}:m")
+            for _ in range(OPEN_RETRIES):  # a stream just opened elsewhere may be a write behind
+                if meta is not None:
+                    break
+                await asyncio.sleep(OPEN_RETRY_SECONDS)
+                meta = await self.client.get(f"{PREFIX}{stream_id}:m")
         except aioredis.RedisError as exc:
             self.failed(exc)
             raise StoreUnavailable() from exc

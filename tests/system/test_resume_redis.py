@@ -70,6 +70,7 @@ async def test_a_stream_started_on_a_resumes_on_b_exactly_once(
         )
         tail = parse(await rest.body())
         rest.close()
+        assert rest.status == 200
     finally:
         a.kill()
         b.kill()
