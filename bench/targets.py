@@ -8,6 +8,8 @@ Targets: `direct` (the client talks to the emulator: the physical floor), `sides
 (`python -m sidecar`, telemetry off), `sidestream+otel` (spans + metrics on, 100% sampling,
 exporting to the bench's sink), `nginx` (Debian package, 1 worker, `proxy_buffering off`,
 HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.py`).
+`sidestream+resume` is `sidestream` with `--resume` (memory store), `sidestream+redis` with
+`--resume --resume-store redis://…` and its own `redis-server` on the load cores.
 
 For A/B work on a change, `alt` and `alt+otel` are `sidestream` and `sidestream+otel` run from
 another sidestream tree, named by `BENCH_ALT` (e.g. a `git worktree` of another commit):
@@ -44,6 +46,8 @@ TARGETS = (
     "sidestream+otel",
     "sidestream+pass",
     "sidestream+continuous",
+    "sidestream+resume",
+    "sidestream+redis",
     "nginx",
     "tutorial",
     "alt",
@@ -216,6 +220,7 @@ class Session:
         cwd: Path = ROOT,
         sinks: str | None = None,
         usage: str | None = None,
+        flags: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         if otel:
             env = {
@@ -237,8 +242,20 @@ class Session:
             env["SIDESTREAM_USAGE"] = usage
         argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
-        argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
+        argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1", *flags]
         return self.spawn(self.target, argv, PROXY_CORES, env, cwd)
+
+    def _start_sidestream_resume(self) -> subprocess.Popen[bytes]:
+        return self._start_sidestream(flags=("--resume",))
+
+    def _start_sidestream_redis(self) -> subprocess.Popen[bytes]:
+        port = free_port()
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        redis = self.spawn("redis", [*argv, "--appendonly", "no"], LOAD_CORES)
+        wait_port(port, redis)
+        return self._start_sidestream(
+            flags=("--resume", "--resume-store", f"redis://127.0.0.1:{port}/0")
+        )
 
     def _start_sidestream_otel(
         self, cwd: Path = ROOT, sinks: str | None = None

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any
+from typing import Any, Protocol
 
 from middleware import usage
 from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
@@ -48,15 +48,45 @@ EXPIRED: dict[Expiry, type[StreamError]] = {
 }
 
 
+class Resumer(Protocol):
+    """Resumable streams (`middleware.resume.Resume`): names an SSE stream as it starts,
+    setting the cycle's `edit` and `resumable`."""
+
+    def begin(self, cycle: Cycle, start: dict[str, Any]) -> None: ...
+
+
+class Resumable(Protocol):
+    """One resumable stream's state (`middleware.resume.producer.Producer`)."""
+
+    def reader_left(self) -> bool:
+        """The client left: True when the stream goes on (resume's grace), not cancelled."""
+
+    def end(self) -> None:
+        """The request has run (its outcome and error are set)."""
+
+    @property
+    def stream_id(self) -> str: ...
+
+    @property
+    def resumes(self) -> int:
+        """Resume requests served so far."""
+
+    @property
+    def end_seen(self) -> bool:
+        """A reader (the client, or one that resumed) has read the stream's end."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """What a cycle needs of its guard: the app, the timeouts, the stream types, the registry."""
+    """What a cycle needs of its guard: the app, the timeouts, the stream types, the registry,
+    resume (None: off)."""
 
     app: ASGIApp
     timeouts: Timeouts
     content_types: frozenset[bytes]
     registry: StreamRegistry
     usage: str = "pass"  # `usage.MODES`: ask OpenAI-style upstreams for usage ("force")
+    resume: Resumer | None = None
 
 
 class Cycle(Relay):
@@ -68,6 +98,7 @@ class Cycle(Relay):
         "error",
         "loop",
         "outcome",
+        "resumable",
         "running",
         "scope",
         "settings",
@@ -83,16 +114,7 @@ class Cycle(Relay):
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
         self.settings = settings
         self.scope = scope
-        # The server's synchronous body write, if it offers one: the app gets the guard's
-        # instead (its checks first, then the server's), never the server's own. Swapped in
-        # the extension's own dict rather than in a copy of the scope: a copy costs ~1 KB
-        # per open stream, and the server never reads the function back.
-        server_nowait: SendNowait | None = None
-        extensions = scope.get("extensions")
-        if extensions and SEND_NOWAIT in extensions:
-            offer = extensions[SEND_NOWAIT]
-            server_nowait = offer["send"]
-            offer["send"] = self.send_nowait
+        server_nowait = _swap_nowait(scope, self.send_nowait)
         self.started = now = monotonic()
         super().__init__(Receiver(receive, self._client_left), send, server_nowait, now)
         self.loop = asyncio.get_running_loop()
@@ -110,6 +132,7 @@ class Cycle(Relay):
         self.error: StreamError | None = None
         self.aborted_at: float | None = None  # a stop was decided (disconnect, timeout, drain)
         self.stopped_at: float | None = None  # the app has stopped
+        self.resumable: Resumable | None = None  # resume on, an SSE stream
 
     # -- the request ------------------------------------------------------------------------
 
@@ -122,13 +145,13 @@ class Cycle(Relay):
         self.running = True
         try:
             receive: Receive = self.receiver.receive
-            if settings.usage != "pass" and self.scope.get("method") == "POST":
-                dialect = select(self.scope.get("path", ""))
-                if dialect is not None and dialect.name in usage.PATHS:
-                    receive, self.edit = await usage.force(self.scope, receive, settings.usage)
+            if settings.usage != "pass":
+                receive, self.edit = await usage.prepare(self.scope, receive, settings.usage)
             await settings.app(self.scope, receive, self.send)
         except asyncio.CancelledError:
             if self.reason is None or (self.cancelled_task and task.uncancel() > base):
+                if self.resumable is not None:
+                    self.resumable.end()
                 raise
         except StreamError as exc:
             error = exc
@@ -154,6 +177,8 @@ class Cycle(Relay):
             self.outcome = error.outcome
             self.error = error
             await self._fail(error)
+        if self.resumable is not None:
+            self.resumable.end()
         if self.outcome is Outcome.SLOW_CLIENT and self.phase is not DONE:
             drop_slow_client(self.scope, self.settings.timeouts.send_timeout)
 
@@ -171,6 +196,8 @@ class Cycle(Relay):
         self._abort(ShuttingDown())
 
     def _client_left(self) -> None:
+        if self.resumable is not None and self.resumable.reader_left():
+            return
         self._abort(Outcome.CLIENT_DISCONNECTED)
 
     def _abort(self, reason: StreamError | Outcome) -> None:
@@ -208,6 +235,8 @@ class Cycle(Relay):
             await asyncio.wait((self.keepalive,))
         dialect = self.dialect or select(self.scope.get("path", ""))
         data = terminal_event(dialect, error.error_object(), self.line_state, sse=self.sse)
+        if self.edit is not None:  # the end goes through the edit too (resume stores it)
+            data, self.edit = self.edit(data), None
         self._enter(DONE)
         try:
             async with asyncio.timeout(self.settings.timeouts.send_timeout):
@@ -258,6 +287,8 @@ class Cycle(Relay):
         self.receiver.read_for_app()
         start: dict[str, Any] = dict(message)
         start["headers"] = stream_headers(headers, decode=bool(encoding))
+        if self.sse and self.settings.resume is not None:
+            self.settings.resume.begin(self, start)
         self.last_write = now = monotonic()
         self._rearm(now)
         await self.downstream(start)
@@ -316,3 +347,17 @@ def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
         f"{client[0]}:{client[1]}" if client else "",
         send_timeout,
     )
+
+
+def _swap_nowait(scope: Scope, ours: SendNowait) -> SendNowait | None:
+    """The server's synchronous body write, if it offers one; the app gets ours instead (our
+    checks first, then the server's), never the server's own. Swapped in the extension's own
+    dict rather than in a copy of the scope: a copy costs ~1 KB per open stream, and the
+    server never reads the function back."""
+    extensions = scope.get("extensions")
+    if not extensions or SEND_NOWAIT not in extensions:
+        return None
+    offer = extensions[SEND_NOWAIT]
+    server: SendNowait = offer["send"]
+    offer["send"] = ours
+    return server

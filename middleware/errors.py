@@ -26,6 +26,8 @@ class Outcome(StrEnum):
     REJECTED_OVERLOAD = "rejected_overload"  # refused at admission: too many in flight
     REJECTED_DRAINING = "rejected_draining"  # refused at admission: draining
     SHUTDOWN = "shutdown"
+    CANCELLED = "cancelled"  # resume: stopped by DELETE on the stream's URL
+    GRACE_EXPIRED = "resume_grace_expired"  # resume: no reader came back within the grace
 
 
 class StreamError(Exception):
@@ -113,3 +115,13 @@ class Draining(ShuttingDown):
     """Drain under way: a new request is refused before it reaches the app."""
 
     outcome = Outcome.REJECTED_DRAINING
+
+
+class Cancelled(StreamError):
+    """Resume: `DELETE /sidestream/v1/streams/<id>` stopped the stream."""
+
+    status = 409
+    type = "cancelled"
+    code = "cancelled"
+    outcome = Outcome.CANCELLED
+    default_message = "the stream was stopped"

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from middleware.cycle import Cycle, Settings
+from middleware.cycle import Cycle, Resumer, Settings
 from middleware.deadlines import Timeouts
 from middleware.errors import Draining, TooManyStreams
 from middleware.registry import StreamRegistry
@@ -52,6 +52,13 @@ class Observer(Protocol):
         """Report this registry's requests in flight."""
 
 
+class Resume(Resumer, Protocol):
+    """What the guard asks of resume (`middleware.resume.Resume`)."""
+
+    def route(self, scope: Scope) -> ASGIApp | None:
+        """The responder for a resume or stop request, else None: never forwarded."""
+
+
 class StreamGuard:
     """Wrap an ASGI app so its SSE / NDJSON responses stream safely.
 
@@ -72,6 +79,7 @@ class StreamGuard:
         registry: StreamRegistry | None = None,
         telemetry: Observer | None = None,
         usage: str = "pass",
+        resume: Resume | bool = False,
     ) -> None:
         if usage not in MODES:
             raise ValueError(f"usage must be one of {', '.join(MODES)}, not {usage!r}")
@@ -86,12 +94,19 @@ class StreamGuard:
         self.max_streams = max_streams
         self.registry = registry if registry is not None else StreamRegistry()
         self.telemetry = telemetry  # None: off, nothing per chunk (middleware.telemetry)
+        if resume is True:
+            from middleware.resume import Resume as MemoryResume
+
+            resume = MemoryResume(keepalive=keepalive_interval)
+        # None: off, no edit and nothing per chunk (middleware.resume)
+        self.resume: Resume | None = None if isinstance(resume, bool) else resume
         self.settings = Settings(
             app=app,
             timeouts=self.timeouts,
             content_types=frozenset(t.lower().encode() for t in content_types),
             registry=self.registry,
             usage=usage,
+            resume=self.resume,
         )
         self.cycle_class = Cycle
         if telemetry is not None:
@@ -101,6 +116,9 @@ class StreamGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.resume is not None and (responder := self.resume.route(scope)) is not None:
+            await responder(scope, receive, send)  # answered from the store, never forwarded
             return
         registry = self.registry
         cycle = self.cycle_class(self.settings, scope, receive, send)

@@ -47,6 +47,30 @@ class Edit(Protocol):
         """Forget the last call: its output was not written (the chunk comes again)."""
 
 
+class Chain:
+    """Two edits, one after the other (forced usage's hiding, then resume's stamping: the
+    hidden event takes no id, and a resumed reader never sees it either)."""
+
+    __slots__ = ("ends", "first", "second")
+
+    def __init__(self, first: Edit, second: Edit) -> None:
+        self.first, self.second = first, second
+        a, b = first.ends, second.ends
+        self.ends = None if a is None or b is None else a | b
+
+    def __call__(self, body: bytes) -> bytes:
+        return self.second(self.first(body))
+
+    def undo(self) -> None:
+        self.first.undo()
+        self.second.undo()
+
+
+def then(edit: Edit | None, more: Edit) -> Edit:
+    """`more` after whatever edit a stream has already."""
+    return more if edit is None else Chain(edit, more)
+
+
 class Relay:
     """A stream's relay state (see the module docstring); slotted, so that the fields a
     chunk touches sit in the object itself, fewer cache lines away when the next token of

@@ -29,6 +29,7 @@ import json
 import re
 from typing import Any
 
+from middleware.dialects import select
 from middleware.types import Message, Receive, Scope
 
 MODES = ("pass", "force", "continuous")
@@ -81,6 +82,14 @@ def _with_length(scope: Scope, length: int) -> None:
             (name, str(length).encode() if name == b"content-length" else value)
             for name, value in headers
         ]
+
+
+async def prepare(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, HideUsage | None]:
+    """`force` for a POST to an OpenAI chat/completions or completions path; else nothing."""
+    dialect = select(scope.get("path", ""))
+    if scope.get("method") != "POST" or dialect is None or dialect.name not in PATHS:
+        return receive, None
+    return await force(scope, receive, mode)
 
 
 async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, HideUsage | None]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import os
@@ -76,6 +77,8 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
     )
     probe = ProbeApp(keepalive_interval=settings.keepalive_interval) if settings.probe else None
     options: dict[str, Any] = {"telemetry": telemetry} if telemetry is not None else {}
+    if settings.resume:
+        options["resume"] = build_resume(settings, telemetry)
     return StreamGuard(
         ProbeRoute(proxy, probe),
         keepalive_interval=settings.keepalive_interval,
@@ -88,6 +91,41 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         usage=settings.usage,
         **options,
     )
+
+
+def build_resume(settings: Settings, telemetry: Any = None) -> Any:
+    from middleware.resume import Resume
+
+    tracer = None
+    provider = getattr(telemetry, "tracer_provider", None)
+    if provider is not None:
+        from middleware.telemetry.resume_spans import ResumeSpans
+
+        tracer = ResumeSpans(provider)
+    return Resume(
+        settings.resume_store,
+        grace=settings.resume_grace,
+        ttl=settings.resume_ttl,
+        max_bytes=settings.resume_max_bytes,
+        memory=settings.resume_memory,
+        keepalive=settings.keepalive_interval,
+        tracer=tracer,
+    )
+
+
+def with_resume_metrics(metrics: Any, resume: Any, registry: StreamRegistry) -> Any:
+    """`/metrics` with the resume metrics after telemetry's (or the active streams gauge)."""
+
+    async def combined() -> bytes:
+        text = b"# TYPE sidestream_active_streams gauge\nsidestream_active_streams %d\n" % len(
+            registry
+        )
+        if metrics is not None:
+            produced = metrics()
+            text = await produced if inspect.isawaitable(produced) else produced
+        return bytes(text) + bytes(resume.prometheus_text())
+
+    return combined
 
 
 def upstream_tls(settings: Settings) -> UpstreamTLS:
@@ -105,6 +143,8 @@ class Sidecar:
             settings.upstream, settings.upstream_health, upstream_tls(settings)
         )
         metrics = getattr(telemetry, "prometheus_text", None)
+        if self.guard.resume is not None:
+            metrics = with_resume_metrics(metrics, self.guard.resume, self.registry)
         self.admin = AdminApp(self.registry, self.health, self.start_drain, metrics)
         self.servers: list[Listener] = []
         self._drain: asyncio.Task[None] | None = None
@@ -134,8 +174,12 @@ class Sidecar:
             for server, sock in zip(self.servers, order, strict=True)
         ]
         up = asyncio.create_task(self._announce(sockets))
+        resume: Any = self.guard.resume  # middleware.resume.Resume
+        checked = None if resume is None else asyncio.create_task(resume.store.ping())
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         up.cancel()
+        if checked is not None:
+            checked.cancel()
         for server in self.servers:  # one listener failed or stopped: stop the other too
             server.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -46,6 +46,12 @@ class Settings:
     ready_file: str | None = None
     usage: str = "force"
     probe: bool = True
+    resume: bool = False
+    resume_store: str = "memory"
+    resume_grace: float = 30.0
+    resume_ttl: float = 600.0
+    resume_max_bytes: int = 1024 * 1024
+    resume_memory: int = 256 * 1024 * 1024
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -140,6 +146,13 @@ def usage_mode(value: str) -> str:
     return mode
 
 
+def resume_store(value: str) -> str:
+    """`memory`, or a Redis URL: redis://HOST:PORT[/DB] (rediss:// with TLS)."""
+    if value == "memory" or value.startswith(("redis://", "rediss://")):
+        return value
+    raise ValueError(f"expected 'memory' or redis://HOST:PORT[/DB], got {value!r}")
+
+
 def flag_bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -222,9 +235,25 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         "continuous: also per chunk (vLLM); pass: forward requests unchanged",
     ),
     ("probe", flag_bool, "on", "serve GET /sidestream/v1/probe for `sidestream probe` (on/off)"),
+    ("resume", flag_bool, "false", "resumable streams: stream ids, Last-Event-ID resume, stop"),
+    ("resume-store", resume_store, "memory", "memory, or redis://HOST:PORT[/DB] (any replica)"),
+    (
+        "resume-grace",
+        positive_seconds,
+        "30",
+        "seconds generation goes on after the last reader left, before the upstream is cancelled",
+    ),
+    ("resume-ttl", positive_seconds, "600", "seconds a finished stream stays resumable"),
+    ("resume-max-bytes", positive_int, str(1024 * 1024), "bytes stored per stream (oldest go)"),
+    (
+        "resume-memory",
+        positive_int,
+        str(256 * 1024 * 1024),
+        "bytes the memory store holds in all (oldest finished streams go)",
+    ),
 )
 
-SWITCHES = ("http2", "upstream-insecure")  # flags that take no value on the command line
+SWITCHES = ("http2", "upstream-insecure", "resume")  # flags that take no value on the command line
 
 
 def version() -> str:

@@ -54,6 +54,10 @@ TOKENS: Final = "sidestream.tokens"  # content-carrying events counted by the di
 # chunks relayed (a stream that ended before the server's usage chunk).
 USAGE_SOURCE: Final = "sidestream.usage.source"
 KEEPALIVES: Final = "sidestream.keepalives"
+RESUME_STREAM_ID: Final = "sidestream.resume.stream_id"  # resume on: Sidestream-Stream-Id
+RESUMES: Final = "sidestream.resume.count"  # resume requests served for the stream
+RESUME_END_SEEN: Final = "sidestream.resume.end_seen"  # some reader read the stream's end
+RESUME_AFTER: Final = "sidestream.resume.after"  # a resume request's point: events after n
 GAP_P50: Final = "sidestream.inter_token_gap.p50"  # seconds
 GAP_P99: Final = "sidestream.inter_token_gap.p99"
 GAP_MAX: Final = "sidestream.inter_token_gap.max"

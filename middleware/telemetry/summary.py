@@ -24,6 +24,7 @@ from middleware.telemetry import semconv
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from middleware.cycle import Resumable
     from middleware.dialects import Dialect, StreamStats
     from middleware.telemetry.direct import DirectSpan
     from middleware.telemetry.gaps import Gaps
@@ -66,6 +67,7 @@ class Cycle(Protocol):
     chunks: int
     bytes: int
     keepalives: int
+    resumable: Resumable | None
 
     def stream_stats(self) -> StreamStats | None: ...
 
@@ -129,6 +131,7 @@ class Summary:
         "dialect",
         "duration",
         "end",
+        "end_seen",
         "error",
         "error_type",
         "failure",
@@ -148,9 +151,11 @@ class Summary:
         "p50",
         "p99",
         "record",
+        "resumes",
         "series",
         "stats",
         "status",
+        "stream_id",
         "streaming",
         "tokens",
         "tokens_per_second",
@@ -201,6 +206,10 @@ class Summary:
         self.chunks = cycle.chunks
         self.bytes = cycle.bytes
         self.keepalives = cycle.keepalives
+        resumable = cycle.resumable  # resume on: the stream's id, resumes, whether its end was read
+        self.stream_id = None if resumable is None else resumable.stream_id
+        self.resumes = None if resumable is None else resumable.resumes
+        self.end_seen = None if resumable is None else resumable.end_seen
 
         gaps: Gaps = record.gaps
         gaps.seal()  # the chunk times not folded yet: sorted, or into the buckets

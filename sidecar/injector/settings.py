@@ -27,6 +27,8 @@ _DURATIONS = {
     "first-token-timeout": "SIDESTREAM_FIRST_TOKEN_TIMEOUT",
     "max-duration": "SIDESTREAM_MAX_DURATION",
     "drain-timeout": "SIDESTREAM_DRAIN_TIMEOUT",
+    "resume-grace": "SIDESTREAM_RESUME_GRACE",
+    "resume-ttl": "SIDESTREAM_RESUME_TTL",
 }
 _PORTS = ("upstream-port", "listen-port", "admin-port")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -42,9 +44,12 @@ KNOWN = frozenset(
         "usage",
         "probe",
         "status",
+        "resume",
+        "resume-store",
     )
 )
 _SWITCH = {"on": "on", "true": "on", "off": "off", "false": "off"}
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
 
@@ -70,6 +75,8 @@ class Settings:
     log_level: str | None = None
     usage: str | None = None
     probe: str | None = None  # "on" or "off": SIDESTREAM_PROBE
+    resume: bool = False
+    resume_store: str | None = None
 
     def env(self) -> list[dict[str, str]]:
         """The sidecar container's `env`, in a stable order."""
@@ -88,6 +95,10 @@ class Settings:
             env.append({"name": "SIDESTREAM_USAGE", "value": self.usage})
         if self.probe is not None:
             env.append({"name": "SIDESTREAM_PROBE", "value": self.probe})
+        if self.resume:
+            env.append({"name": "SIDESTREAM_RESUME", "value": "true"})
+        if self.resume_store is not None:
+            env.append({"name": "SIDESTREAM_RESUME_STORE", "value": self.resume_store})
         if self.otel_endpoint is not None:
             env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otel_endpoint})
             env.append({"name": "OTEL_SERVICE_NAME", "value": "sidestream"})
@@ -154,6 +165,15 @@ def parse_settings(
     if usage is not None and usage.strip().lower() not in _USAGE:
         problems.append(f"{PREFIX}usage: {usage!r} is not one of {', '.join(_USAGE)}")
 
+    resume = ours.get("resume", "false").strip().lower()
+    if resume not in _TRUE + _FALSE:
+        problems.append(f"{PREFIX}resume: {ours['resume']!r} is not 'true' or 'false'")
+    store = ours.get("resume-store")
+    if store is not None and not (
+        store.strip() == "memory" or store.strip().startswith(("redis://", "rediss://"))
+    ):
+        problems.append(f"{PREFIX}resume-store: {store!r} is not 'memory' or a redis:// URL")
+
     if problems or upstream is None:
         raise InvalidAnnotation(problems)
     settings = Settings(
@@ -168,6 +188,8 @@ def parse_settings(
         log_level=level.strip().lower() if level is not None else None,
         usage=usage.strip().lower() if usage is not None else None,
         probe=_SWITCH[probe.strip().lower()] if probe is not None else None,
+        resume=resume in _TRUE,
+        resume_store=store.strip() if store is not None else None,
     )
     return settings, warnings
 

@@ -330,3 +330,16 @@ async def test_an_early_end_before_or_between_tokens_is_counted(end: str) -> Non
     assert attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == expected
     assert attributes[semconv.USAGE_SOURCE] == "counted"
     assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)
+
+
+async def test_with_resume_the_hidden_usage_chunk_takes_no_event_id() -> None:
+    """Forced usage and resume together: the usage chunk is hidden before events are
+    stamped, so the client's ids run 1..n without a gap, and no usage reaches it."""
+    async with stack("--resume") as (port, upstream, _, _, _):
+        text = await raw(port, chat(tokens=6))
+        assert upstream.bodies[-1]["stream_options"] == {"include_usage": True}
+    assert b'"usage"' not in text
+    ids = [int(line.rsplit(b":", 1)[1]) for line in text.split(b"\n") if line.startswith(b"id: ")]
+    events = text.count(b"\n\n")
+    assert ids == list(range(1, events + 1)), (ids, events)
+    assert text.endswith(b"data: [DONE]\n\n") or b"data: [DONE]\n" in text

@@ -37,6 +37,8 @@ _LINE = (
     )
     + "}"
 )
+# With resume on, three more: the stream's id, resumes served, whether a reader read its end.
+_RESUME = ',"stream_id":%s,"resumes":%s,"end_seen":%s}'
 _quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str
 
 
@@ -109,6 +111,9 @@ class AccessSink:
             summary.keepalives,
             _ms(summary.cancel_latency),
         )
+        if summary.stream_id is not None:
+            seen = "true" if summary.end_seen else "false"
+            message = message[:-1] + _RESUME % (_quote(summary.stream_id), summary.resumes, seen)
         handler = sole(log)
         if handler is not None:  # configure_access_log's handler alone: the line, no LogRecord
             handler.write(message)

@@ -105,6 +105,10 @@ def attributes(summary: Summary, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs[semconv.CHUNKS] = summary.chunks
         attrs[semconv.BYTES] = summary.bytes
         attrs[semconv.KEEPALIVES] = summary.keepalives
+        if summary.stream_id is not None:
+            attrs[semconv.RESUME_STREAM_ID] = summary.stream_id
+            attrs[semconv.RESUMES] = summary.resumes or 0
+            attrs[semconv.RESUME_END_SEEN] = bool(summary.end_seen)
         dialect = summary.dialect
         if dialect is not None:
             attrs[semconv.DIALECT] = dialect.name

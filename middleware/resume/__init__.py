@@ -1,0 +1,125 @@
+"""Resumable streams: what `StreamGuard(..., resume=...)` takes.
+
+With resume on, every SSE response is named (`Sidestream-Stream-Id`, 128 random bits) and
+each of its events stamped `id: <stream-id>:<n>` on its way out (`stamper`, the relay's
+`Edit`); the stamped events go to a store (`memory`, or `redis` for any replica). A request
+with `Last-Event-ID: <id>:<n>`, or to `/sidestream/v1/streams/<id>`, is answered from the
+store by `responder` and never reaches the app. A client's disconnect starts a grace period
+(`producer`) instead of an immediate cancel.
+
+With resume off (the default) none of this exists: no edit, no check per chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from middleware.relay import then
+from middleware.resume.ids import credential_hash, new_stream_id
+from middleware.resume.memory import MemoryStore
+from middleware.resume.producer import Producer
+from middleware.resume.responder import PREFIX, serve
+from middleware.resume.spans import current_link
+from middleware.resume.store import Limits, Store
+from middleware.types import ASGIApp, Scope
+
+if TYPE_CHECKING:
+    from middleware.cycle import Cycle
+
+__all__ = ["Limits", "Resume"]
+
+logger = logging.getLogger("sidestream")
+STREAM_ID = b"sidestream-stream-id"
+
+
+def make_store(store: str | Store, limits: Limits) -> Store:
+    if not isinstance(store, str):
+        return store
+    if store == "memory":
+        return MemoryStore(limits)
+    if store.startswith(("redis://", "rediss://", "unix://")):
+        from middleware.resume.redis import RedisStore
+
+        return RedisStore(store, limits)
+    raise ValueError(f"resume store: expected 'memory' or redis://HOST:PORT[/DB], got {store!r}")
+
+
+class Resume:
+    """The process's resume state: the store, its limits, the streams produced here."""
+
+    def __init__(
+        self,
+        store: str | Store = "memory",
+        *,
+        grace: float = 30.0,
+        ttl: float = 600.0,
+        max_bytes: int = 1024 * 1024,
+        memory: int = 256 * 1024 * 1024,
+        keepalive: float | None = 15.0,
+        tracer: Any = None,
+    ) -> None:
+        self.limits = Limits(max_bytes=max_bytes, memory=memory, ttl=ttl, grace=grace)
+        self.store = make_store(store, self.limits)
+        self.store.on_stop = self._stop_here
+        self.keepalive = keepalive
+        # `middleware.telemetry.resume_spans.ResumeSpans`: each resume request gets a span.
+        self.tracer = tracer
+        self.live: dict[str, Producer] = {}
+        self.failures = 0  # store failures seen by resume requests (a metric reads it)
+
+    def route(self, scope: Scope) -> ASGIApp | None:
+        """The resume responder for a resume or stop request, else None (once per request)."""
+        if scope["path"].startswith(PREFIX):
+            return functools.partial(serve, self)
+        for name, _ in scope["headers"]:
+            if name == b"last-event-id":
+                return functools.partial(serve, self)
+        return None
+
+    def begin(self, cycle: Cycle, start: dict[str, Any]) -> None:
+        """An SSE stream starts: name it, stamp it, log it."""
+        stream_id = new_stream_id()
+        store = self.store
+        credentials = credential_hash(store.key + stream_id.encode(), cycle.scope["headers"])
+        origin = ""
+        for name, value in start["headers"]:
+            if name.lower() == b"access-control-allow-origin":
+                origin = value.decode("latin-1")
+        link = "" if self.tracer is None else current_link()
+        log = store.open(stream_id, credentials, origin, link)
+        producer = Producer(cycle, stream_id, log, self.limits.grace, self.live)
+        self.live[stream_id] = producer
+        cycle.resumable = producer
+        cycle.edit = then(cycle.edit, producer.stamper)
+        start["headers"].append((STREAM_ID, stream_id.encode()))
+
+    async def stop(self, stream_id: str) -> None:
+        if not self._stop_here(stream_id):
+            await self.store.stop_elsewhere(stream_id)
+
+    def _stop_here(self, stream_id: str) -> bool:
+        producer = self.live.get(stream_id)
+        if producer is None:
+            return False
+        producer.stop()
+        return True
+
+    def prometheus_text(self) -> bytes:
+        """The resume metrics, in the Prometheus text format (appended to `/metrics`)."""
+        name = "sidestream_resume_store_failures_total"
+        return (
+            f"# HELP {name} Resume store writes and reads that failed (the streams went on).\n"
+            f"# TYPE {name} counter\n{name} {self.failures + self.store.failures}\n"
+            "# HELP sidestream_resume_streams_live Resumable streams being generated here.\n"
+            "# TYPE sidestream_resume_streams_live gauge\n"
+            f"sidestream_resume_streams_live {len(self.live)}\n"
+        ).encode()
+
+    def store_failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        logger.warning("resume store failed: %s", exc)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()

@@ -1,0 +1,62 @@
+"""Stream ids, event ids and credential hashes: pure functions, no I/O.
+
+A stream id is 128 random bits, URL-safe base64 (22 characters). An event id is
+`<stream-id>:<n>`, n the event's 1-based index in the stream (comments are not events), so
+a client that only counts the events it received can name its resume point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+
+ID_BYTES = 16  # 128 bits
+_STREAM_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_EVENT_ID = re.compile(r"([A-Za-z0-9_-]{16,64}):([0-9]{1,15})")
+# The request headers whose value a resume must repeat (the original request's credentials).
+CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
+
+
+class InvalidEventId(ValueError):
+    """A `Last-Event-ID` (or `after=`) that is not `<stream-id>:<n>` (or a whole number)."""
+
+
+def new_stream_id() -> str:
+    return secrets.token_urlsafe(ID_BYTES)
+
+
+def valid_stream_id(value: str) -> bool:
+    return _STREAM_ID.fullmatch(value) is not None
+
+
+def parse_event_id(value: str) -> tuple[str, int]:
+    """`<stream-id>:<n>` into (stream id, n); InvalidEventId otherwise."""
+    match = _EVENT_ID.fullmatch(value.strip())
+    if match is None:
+        raise InvalidEventId(value)
+    return match[1], int(match[2])
+
+
+def parse_after(value: str) -> int:
+    value = value.strip()
+    if not value.isdigit() or len(value) > 15:
+        raise InvalidEventId(value)
+    return int(value)
+
+
+def credential_hash(key: bytes, headers: list[tuple[bytes, bytes]]) -> str:
+    """A keyed hash of the request's credentials ("" when it carries none): stored with the
+    stream and compared on resume and stop, so the secret itself is never stored."""
+    found = [(n, v) for n, v in headers if n.lower() in CREDENTIAL_HEADERS]
+    if not found:
+        return ""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for name, value in sorted((n.lower(), v) for n, v in found):
+        mac.update(name + b"\0" + value + b"\0")
+    return mac.hexdigest()
+
+
+def same_credentials(stored: str, presented: str) -> bool:
+    return stored == "" or hmac.compare_digest(stored, presented)

@@ -1,0 +1,217 @@
+"""The event stamper: the `relay.Edit` that gives every SSE event the id `<stream-id>:<n>`
+and hands each whole event, so stamped, to the stream's log in the store.
+
+Rules (SSE, as the WHATWG parser reads it):
+
+- an *event* is a block of lines ended by a blank line with at least one field line in it;
+  comment lines (`:` first) are not events, and a block of comments only is not counted;
+- an upstream `id:` line is replaced in place by ours (same line, same place), so the bytes
+  and line boundaries around it are unchanged; an event without one gets `id: <sid>:<n>` as
+  its last line, just before the blank line that ends it;
+- nothing is held back: a chunk's bytes go out when they come. The one case this cannot
+  decide — a line whose first bytes `i`/`id` end a chunk — passes through as it is, and our
+  id line at the event's end still wins (the last `id` of an event is the one that counts).
+
+The usual chunk (whole one-line `data:` events at an event boundary, LF only) takes a fast
+path with no per-line loop. `undo()` restores the state from before the last call and takes
+back the events that call handed to the log: `send_nowait`'s server refused the bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+CR, LF = 13, 10
+
+
+class Log(Protocol):
+    """Where the stamped events go (a store's log for one stream)."""
+
+    def append(self, event: bytes) -> None: ...
+
+    def retract(self, count: int) -> None: ...
+
+
+class Stamper:
+    """One stream's stamper; see the module docstring."""
+
+    ends = None  # `Edit.ends`: every chunk is the stamper's (each event gets its id)
+
+    __slots__ = (
+        "after_cr",
+        "appended",
+        "at_start",
+        "boundary",
+        "dropping",
+        "fields",
+        "fmt",
+        "id_field",
+        "id_line",
+        "log",
+        "n",
+        "parts",
+        "replaced",
+        "saved",
+        "stamped",
+        "suffix",
+        "undo_n",
+    )
+
+    def __init__(self, stream_id: str, log: Log) -> None:
+        self.log = log
+        self.suffix = b"\nid: " + stream_id.encode() + b":%d\n\n"  # the fast path's event end
+        self.id_field = b"id: " + stream_id.encode() + b":%d"  # an upstream id line's new text
+        self.id_line = self.id_field + b"\n"
+        self.fmt = b"%bid: " + stream_id.encode() + b":%d\n\n"  # a one-line event's end
+        self.n = 0  # events so far
+        self.undo_n = 0  # n before the last call
+        self.boundary = True  # at an event boundary: the fast paths apply
+        self.at_start = True  # at the start of a line
+        self.after_cr = False  # the last byte was a CR: an LF next ends the same line
+        self.dropping = False  # inside an upstream id line (replaced by ours)
+        self.fields = False  # the current block has a field line: it is an event
+        self.stamped = False  # the current event has its id already
+        self.replaced = False  # ... from an upstream id line replaced (n+1 not counted yet)
+        self.parts: list[bytes] = []  # the current event's output so far
+        self.appended = 0  # events handed to the log by the last call
+        self.saved: tuple[int, bool, bool, bool, bool, bool, bool, int] | None = None
+
+    @property
+    def events(self) -> int:
+        return self.n
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.boundary
+
+    def __call__(self, body: bytes) -> bytes:
+        n = self.undo_n = self.n
+        if self.boundary and CR not in body:
+            end = len(body) - 2
+            if (
+                end > 0
+                and body.find(b"\n") == end
+                and body[-1] == LF
+                and not body.startswith((b":", b"id"))
+            ):  # the usual chunk: one one-line event
+                self.n = n = n + 1
+                self.saved = None
+                self.appended = 1
+                out: bytes = self.fmt % (body[:-1], n)
+                self.log.append(out)
+                return out
+            if (
+                body.endswith(b"\n\n")
+                and b"\n\n\n" not in body
+                and not body.startswith((b":", b"id", b"\n"))
+                and b"\nid" not in body
+                and b"\n:" not in body
+            ):  # whole events, each with a field line first and no id of its own
+                events = body[:-2].split(b"\n\n")
+                suffix, log = self.suffix, self.log
+                pieces = []
+                for event in events:
+                    n += 1
+                    stamped = event + suffix % n
+                    pieces.append(stamped)
+                    log.append(stamped)
+                self.n = n
+                self.saved = None
+                self.appended = len(events)
+                return b"".join(pieces)
+        parts = self.parts
+        self.saved = (
+            self.n,
+            self.at_start,
+            self.after_cr,
+            self.dropping,
+            self.fields,
+            self.stamped,
+            self.replaced,
+            len(parts),
+        )
+        self.appended = 0
+        out = self._lines(body)
+        self.boundary = self.at_start and not self.parts and not self.after_cr
+        return out
+
+    def undo(self) -> None:
+        saved = self.saved
+        if saved is None:  # a fast path's call: only n moved
+            self.n = self.undo_n
+        else:
+            self.saved = None
+            n, self.at_start, self.after_cr, self.dropping, self.fields, self.stamped, *rest = saved
+            self.replaced, kept = rest  # type: ignore[assignment]
+            self.n = n
+            del self.parts[kept:]
+            self.boundary = self.at_start and not self.parts and not self.after_cr
+        if self.appended:
+            self.log.retract(self.appended)
+            self.appended = 0
+
+    def _lines(self, body: bytes) -> bytes:
+        """The general case, one line at a time (CR, LF, CRLF; lines split across chunks)."""
+        out: list[bytes] = []
+        i, size = 0, len(body)
+        if self.after_cr and size and body[0] == LF:
+            # The LF of a CRLF split across chunks; after a blank line the event is in the
+            # log already, ended by its CR (the same line end to a reader).
+            if self.parts:
+                self._emit(out, b"\n")
+            else:
+                out.append(b"\n")
+            i = 1
+        self.after_cr = False
+        while i < size:
+            if self.at_start and body[i] in (CR, LF):  # a blank line: the block ends
+                end = i + 2 if body[i] == CR and body[i + 1 : i + 2] == b"\n" else i + 1
+                if self.replaced:
+                    self.n += 1
+                elif self.fields and not self.stamped:
+                    self.n += 1
+                    self._emit(out, self.id_line % self.n)
+                self._emit(out, body[i:end])
+                self.after_cr = end == size and body[end - 1] == CR
+                self._end_block()
+                i = end
+                continue
+            if self.at_start:
+                head = body[i : i + 3]
+                if head == b"id:" or (len(head) == 3 and head[:2] == b"id" and head[2] in b"\r\n"):
+                    self.dropping = True
+                    self.fields = self.stamped = self.replaced = True
+                    self._emit(out, self.id_field % (self.n + 1))
+                elif body[i] != 0x3A:  # ":" starts a comment
+                    self.fields = True
+            j = _line_end(body, i)
+            if j < 0:  # the line goes on in the next chunk
+                if not self.dropping:
+                    self._emit(out, body[i:])
+                self.at_start = False
+                break
+            end = j + 2 if body[j] == CR and body[j + 1 : j + 2] == b"\n" else j + 1
+            self._emit(out, body[j:end] if self.dropping else body[i:end])
+            self.after_cr = end == size and body[end - 1] == CR
+            self.dropping = False
+            self.at_start = True
+            i = end
+        return b"".join(out)
+
+    def _emit(self, out: list[bytes], data: bytes) -> None:
+        out.append(data)
+        self.parts.append(data)
+
+    def _end_block(self) -> None:
+        parts = self.parts
+        if self.fields:
+            self.log.append(b"".join(parts))
+            self.appended += 1
+        parts.clear()
+        self.fields = self.stamped = self.replaced = False
+
+
+def _line_end(body: bytes, start: int) -> int:
+    lf = body.find(b"\n", start)
+    cr = body.find(b"\r", start, lf if lf >= 0 else len(body))
+    return cr if cr >= 0 else lf

@@ -1,0 +1,105 @@
+"""The event stamper (`middleware.resume.stamper`): ids on events only, upstream ids replaced
+in place, nothing held back, the same bytes whatever the chunking, and `undo`."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from middleware.resume.stamper import Stamper
+from middleware.sse import LineState, advance
+
+SID = "A" * 22
+
+
+class ListLog:
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+
+    def append(self, event: bytes) -> None:
+        self.events.append(event)
+
+    def retract(self, count: int) -> None:
+        del self.events[len(self.events) - count :]
+
+
+def stamp(chunks: list[bytes]) -> tuple[bytes, list[bytes], int]:
+    log = ListLog()
+    stamper = Stamper(SID, log)
+    out = b"".join(stamper(c) for c in chunks)
+    return out, log.events, stamper.events
+
+
+def test_each_event_gets_its_index_and_comments_are_not_events() -> None:
+    """Every event gets `id: <sid>:<n>` (1-based); comment-only blocks and lines do not count."""
+    out, events, n = stamp([b": hi\n\ndata: a\n\n", b"event: x\ndata: b\n: c\n\n"])
+    assert out == (
+        b": hi\n\ndata: a\nid: " + SID.encode() + b":1\n\n"
+        b"event: x\ndata: b\n: c\nid: " + SID.encode() + b":2\n\n"
+    )
+    assert n == 2 and events == [
+        b"data: a\nid: AAAAAAAAAAAAAAAAAAAAAA:1\n\n",
+        b"event: x\ndata: b\n: c\nid: AAAAAAAAAAAAAAAAAAAAAA:2\n\n",
+    ]
+
+
+def test_upstream_ids_are_replaced_in_place() -> None:
+    """An upstream `id:` line is replaced by ours on the same line; the rest is byte for byte."""
+    out, events, n = stamp([b"id: 7\ndata: a\n\n", b"data: b\r\nid\r\n\r\n"])
+    sid = SID.encode()
+    assert out == b"id: " + sid + b":1\ndata: a\n\ndata: b\r\nid: " + sid + b":2\r\n\r\n"
+    assert n == 2 and len(events) == 2
+
+
+SAMPLE = (
+    b': open\n\ndata: {"a":1}\n\nevent: e\r\ndata: x\r\ndata: y\r\n\r\n'
+    b"id: 9\ndata: z\n\n: keep\ndata: w\rid\r\r"
+    b"data: [DONE]\n\n"
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(SAMPLE)), max_size=12))
+def test_any_split_gives_the_same_bytes_and_events(cuts: list[int]) -> None:
+    """Chunking never changes the output (beyond an `id` line cut in its first two bytes,
+    where our id line at the event's end wins), nothing is held back, and each chunk's output ends at the same kind
+    of line boundary as its input."""
+    whole, whole_events, whole_n = stamp([SAMPLE])
+    undecidable = (b"\ni", b"\nid", b"\ri", b"\rid")  # an id line cut in its first bytes
+    bounds = sorted({0, len(SAMPLE), *(c for c in cuts if not SAMPLE[:c].endswith(undecidable))})
+    chunks = [SAMPLE[a:b] for a, b in itertools.pairwise(bounds)]
+    log = ListLog()
+    stamper = Stamper(SID, log)
+    in_state = out_state = LineState.EVENT
+    outs = []
+    for chunk in chunks:
+        out = stamper(chunk)
+        in_state, out_state = advance(in_state, chunk), advance(out_state, out)
+        if chunk:
+            assert (in_state <= LineState.LINE) == (out_state <= LineState.LINE)
+            assert (in_state is LineState.EVENT) == (out_state is LineState.EVENT)
+        outs.append(out)
+    assert b"".join(outs) == whole
+    assert [same_ends(e) for e in log.events] == [same_ends(e) for e in whole_events]
+    assert stamper.events == whole_n == 5
+
+
+def same_ends(event: bytes) -> bytes:
+    """CRLF split after a blank line ends the stored event at its CR: the same to a reader."""
+    return event.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+def test_undo_forgets_the_last_call() -> None:
+    """A chunk the server refused comes again (maybe with more): undo takes back its events."""
+    log = ListLog()
+    stamper = Stamper(SID, log)
+    first = stamper(b"data: a\n\ndata: b")
+    stamper.undo()
+    assert log.events == [] and stamper.events == 0
+    again = stamper(b"data: a\n\ndata: b\n\n")
+    assert again.startswith(first) and stamper.events == 2 and len(log.events) == 2
+    one = stamper(b"data: c\n\n")  # the one-event fast path
+    stamper.undo()
+    assert stamper.events == 2 and len(log.events) == 2
+    assert stamper(b"data: c\n\n") == one and stamper.events == 3
