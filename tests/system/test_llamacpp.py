@@ -256,6 +256,32 @@ async def test_a_client_that_leaves_mid_stream_stops_llama_cpp(model: Path, tmp_
     assert next_served < 0.25 * rest
 
 
+async def test_delete_of_a_resumable_stream_stops_llama_cpp(model: Path, tmp_path: Path) -> None:
+    """With resume on, a reader leaving does not stop generation (the grace period), but
+    `DELETE /sidestream/v1/streams/<id>` does, at once: llama.cpp logs the disconnect and a
+    next request, which needs the one slot, is served long before the stream would have
+    ended; the reader gets a terminal `cancelled` event."""
+    async with running(model, tmp_path, "--resume", n_ctx=2048) as (llama, sidecar):
+        response = await post_stream(sidecar.port, chat_body("go on", MAX_TOKENS))
+        stream_id = response.header("sidestream-stream-id")
+        assert stream_id, response.headers
+        _, per_token = await first_tokens(response, READ)
+        stop = await request(sidecar.port, "DELETE", f"/sidestream/v1/streams/{stream_id}")
+        stopped = time.monotonic()
+        assert stop.status == 204
+        stop.close()
+        rest_of_reader = await asyncio.wait_for(response.body(), 10)
+        response.close()
+        await llama.wait_output("Disconnected from client", timeout=10)
+        status, body = await asyncio.wait_for(get_completion(llama.port, 1), timeout=30)
+        next_served = time.monotonic() - stopped
+    rest = (MAX_TOKENS - READ) * per_token
+    print(f"next request served {next_served * 1000:.0f} ms after DELETE; uncancelled {rest:.2f} s")
+    assert b"cancelled" in rest_of_reader
+    assert status == 200, body
+    assert next_served < 0.25 * rest
+
+
 async def test_an_idle_timeout_on_a_stalled_server_frees_its_slot(
     model: Path, tmp_path: Path
 ) -> None:
