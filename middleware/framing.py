@@ -132,13 +132,18 @@ def terminal_event(
 
 
 def error_response(
-    status: int, body: bytes, *, retry_after: int | None = None
+    status: int,
+    body: bytes,
+    *,
+    retry_after: int | None = None,
+    extra: Iterable[tuple[bytes, bytes]] = (),
 ) -> tuple[dict[str, object], dict[str, object]]:
     """The two ASGI messages of a JSON error response sent before any header went out."""
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"cache-control", b"no-store"),
+        *extra,
     ]
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))

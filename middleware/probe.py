@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from time import monotonic
 
+from middleware.framing import error_response
 from middleware.types import Receive, Scope, Send
 
 PROBE_PATH = "/sidestream/v1/probe"
@@ -174,14 +175,9 @@ async def _json(
     send: Send, status: int, error: dict[str, str], extra: list[tuple[bytes, bytes]]
 ) -> None:
     body = json.dumps({"error": error}, separators=(",", ":")).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    start, end = error_response(status, body, extra=extra)
+    await send(start)
+    await send(end)
 
 
 async def refuse(send: Send, status: int, code: str, message: str, **extra: str) -> None:

@@ -18,6 +18,7 @@ import json
 import urllib.parse
 from typing import Any, Protocol
 
+from middleware.framing import error_response
 from middleware.resume.ids import (
     InvalidEventId,
     credential_hash,
@@ -61,19 +62,11 @@ def last_event_id(scope: Scope) -> str | None:
 async def json_error(send: Send, status: int, code: str, message: str) -> None:
     kind = "unavailable" if status >= 500 else "invalid_request_error"
     error = {"message": message, "type": kind, "code": code}
-    body = json.dumps({"error": error}, separators=(",", ":")).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-            ],
-        }
+    start, body = error_response(
+        status, json.dumps({"error": error}, separators=(",", ":")).encode()
     )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send(start)
+    await send(body)
 
 
 def target(scope: Scope, header: str | None) -> tuple[str, int]:
