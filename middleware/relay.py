@@ -3,48 +3,28 @@
 `Relay` holds what a relayed chunk reads and writes, and the three methods a chunk runs
 through: `send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait`
 extension: written from the upstream's read callback without waking the request's task) and
-`_relayed` (the accounting both share). Everything else of the request — its start, the
-timer, keep-alives, failures — is `cycle.Cycle`, the one subclass.
+`_relayed` (the accounting both share). The last two, and the fields they touch, are its
+base `RelayCore` (`relaycore.py`, or its compiled twin: `speedups`). Everything else of the
+request — its start, the timer, keep-alives, failures — is `cycle.Cycle`, the one subclass.
 """
 
 from __future__ import annotations
 
 import asyncio
 from time import monotonic
-from typing import Protocol
 
 from middleware.dialects import Dialect, sniff
-from middleware.errors import Outcome, StreamError
-from middleware.framing import Inflater
 from middleware.phases import Phase, step
 from middleware.receiver import Receiver
-from middleware.sse import LineState, SSEScanner, advance
+from middleware.relaycore import Edit
+from middleware.speedups import RelayCore
+from middleware.sse import LineState
 from middleware.types import Message, Send, SendNowait
 
 BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
 # The hot path compares against module globals, not class attributes.
 HEADERS, BODY, DONE = Phase.HEADERS, Phase.BODY, Phase.DONE
-
-
-class Edit(Protocol):
-    """A change the guard makes to a stream's bytes on their way out (resume's event ids,
-    forced usage's hidden chunk). Called with each body chunk in order, it returns the bytes
-    to write instead: nothing held back (bytes are forwarded as they come), and the output
-    ends at the same kind of line boundary as the input, so the line state the relay keeps
-    from the input holds for what was written."""
-
-    @property
-    def ends(self) -> frozenset[int] | None:
-        """None: every chunk is the edit's. Else the chunks it may change are those that do
-        not end an event and those whose fourth-last byte (before the closing blank line) is
-        in this set: the relay writes the others without the call, which costs more than the
-        rest of a token's relay (forced usage: the usage chunk ends `}}` or `[DONE]`)."""
-
-    def __call__(self, body: bytes) -> bytes: ...
-
-    def undo(self) -> None:
-        """Forget the last call: its output was not written (the chunk comes again)."""
 
 
 class Chain:
@@ -71,29 +51,15 @@ def then(edit: Edit | None, more: Edit) -> Edit:
     return more if edit is None else Chain(edit, more)
 
 
-class Relay:
-    """A stream's relay state (see the module docstring); slotted, so that the fields a
-    chunk touches sit in the object itself, fewer cache lines away when the next token of
-    this stream comes after many other streams' tokens."""
+class Relay(RelayCore):
+    """A stream's relay state (see the module docstring)."""
 
     __slots__ = (
         "completed_at",
         "dialect",
         "downstream",
-        "edit",
-        "first_token_at",
-        "inflater",
-        "keepalive",
         "keepalives",
-        "last_chunk",
-        "last_write",
-        "line_state",
-        "phase",
-        "reason",
         "receiver",
-        "scanner",
-        "sending_since",
-        "server_nowait",
         "wrote_before_body",
     )
 
@@ -106,18 +72,18 @@ class Relay:
         self.server_nowait = server_nowait
         self.phase = Phase.START
         self.last_chunk = self.last_write = now
-        self.first_token_at: float | None = None
-        self.sending_since: float | None = None  # a write to the client under way since
+        self.first_token_at = None
+        self.sending_since = None
         self.completed_at: float | None = None  # the app handed over its final body message
-        self.keepalive: asyncio.Task[None] | None = None  # a keep-alive being written
+        self.keepalive = None
         self.keepalives = 0  # written so far
-        self.reason: StreamError | Outcome | None = None  # why the guard stopped the app
+        self.reason = None
         self.wrote_before_body = False  # a keep-alive went out before the first body byte
         self.line_state = LineState.EVENT
-        self.scanner: SSEScanner | None = None  # until the first token
+        self.scanner = None
         self.dialect: Dialect | None = None
-        self.inflater: Inflater | None = None
-        self.edit: Edit | None = None  # what the guard changes in the stream's bytes, if anything
+        self.inflater = None
+        self.edit = None
 
     async def _send_other(self, message: Message) -> None:
         """Everything but a stream's body chunk (the response start, a plain response)."""
@@ -167,49 +133,6 @@ class Relay:
             await self.downstream(message)
         finally:
             self.sending_since = None
-
-    def send_nowait(self, body: bytes) -> bool:
-        """The `SEND_NOWAIT` extension: relay one more stream chunk now, or refuse (False)
-        and let the app `send` it. Refused whenever `send` would do more than write: before
-        the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
-        go first), with an inflater, once stopped, and whenever the server itself refuses
-        (flow control)."""
-        if (
-            self.phase is not BODY
-            or self.reason is not None
-            or self.sending_since is not None
-            or self.keepalive is not None
-            or self.inflater is not None
-            or self.server_nowait is None
-        ):
-            return False
-        edit = self.edit
-        if edit is None or (  # or a chunk the edit leaves as it is, by its `ends` (no call)
-            (ends := edit.ends) is not None
-            and len(body) > 3
-            and body[-1] == 10
-            and body[-4] not in ends
-        ):
-            if not self.server_nowait(body):
-                return False
-        else:
-            out = edit(body)
-            if out and not self.server_nowait(out):
-                edit.undo()  # refused: the app sends this chunk (maybe with more) by `send`
-                return False
-        self.last_write = now = monotonic()
-        self._relayed(body, now)
-        return True
-
-    def _relayed(self, body: bytes, now: float) -> None:
-        """Account for a body chunk given to the server (by `send` or `send_nowait`): the
-        idle clock, the first token, the SSE line state."""
-        self.last_chunk = now
-        if self.scanner is not None:
-            self._scan(body, now)
-        elif self.first_token_at is None:
-            self.first_token_at = now
-        self.line_state = advance(self.line_state, body)
 
     def _scan(self, body: bytes, now: float) -> None:
         assert self.scanner is not None

@@ -1,0 +1,320 @@
+/* middleware/_relaycore.c: `RelayCore` of middleware/relaycore.py, compiled.
+ *
+ * The same class, line for line: the same fields (as C members), `send_nowait` and
+ * `_relayed` in the same order, each Python line as a comment above its C. Read it beside
+ * relaycore.py; a change to one is a change to the other (the test suite runs once with
+ * each: SIDESTREAM_NO_EXTENSIONS=1 picks the Python one). `advance` is sse.advance.
+ *
+ * Subclassed by relay.Relay (Python), which reads and writes these fields like slots.
+ * `_relayed` may be overridden (telemetry's ObservedCycle): `send_nowait` calls the
+ * override through the type; the compiled `_relayed` directly when there is none.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+/* Set once by configure(): Phase.BODY and the five LineState members, in value order. */
+static PyObject *BODY = NULL;
+static PyObject *STATES[5] = {NULL};
+enum { EVENT, LINE, MID, CR_LINE, CR_EVENT };
+static const int AFTER_LF[5] = {EVENT, EVENT, LINE, LINE, EVENT};
+static const int AFTER_CR[5] = {CR_EVENT, CR_EVENT, CR_LINE, CR_EVENT, CR_EVENT};
+
+static PyObject *str_ends, *str_undo, *str_scan, *str_relayed;
+static PyObject *relayed_descr = NULL; /* RelayCore._relayed, to spot an override */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *edit;
+    PyObject *first_token_at;
+    PyObject *inflater;
+    PyObject *keepalive;
+    double last_chunk;
+    double last_write;
+    PyObject *line_state;
+    PyObject *phase;
+    PyObject *reason;
+    PyObject *scanner;
+    PyObject *sending_since;
+    PyObject *server_nowait;
+} RelayCore;
+
+/* time.monotonic(): the same clock (CLOCK_MONOTONIC), as a float of seconds */
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* sse.advance(state, chunk): the line state after `chunk`, from its last 3 bytes */
+static int advance(int state, const unsigned char *chunk, Py_ssize_t n) {
+    if (n >= 2 && chunk[n - 1] == '\n' && chunk[n - 2] == '\n') return EVENT;
+    if (n == 0) return state;
+    if (chunk[n - 1] != '\n' && chunk[n - 1] != '\r') return MID;
+    Py_ssize_t i = 0;
+    if (n >= 3) {
+        state = MID;
+        i = n - 3;
+    }
+    for (; i < n; i++) {
+        if (chunk[i] == '\n') state = AFTER_LF[state];
+        else if (chunk[i] == '\r') state = AFTER_CR[state];
+        else state = MID;
+    }
+    return state;
+}
+
+static int set_field(PyObject **field, PyObject *value) {
+    Py_INCREF(value);
+    Py_XSETREF(*field, value);
+    return 0;
+}
+
+/* def _relayed(self, body, now) */
+static int relayed(RelayCore *self, PyObject *body, double now) {
+    /* self.last_chunk = now */
+    self->last_chunk = now;
+    if (self->scanner != Py_None) {
+        /* self._scan(body, now) */
+        PyObject *at = PyFloat_FromDouble(now);
+        if (at == NULL) return -1;
+        PyObject *args[3] = {(PyObject *)self, body, at};
+        PyObject *r = PyObject_VectorcallMethod(
+            str_scan, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(at);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    } else if (self->first_token_at == Py_None) {
+        /* self.first_token_at = now */
+        PyObject *at = PyFloat_FromDouble(now);
+        if (at == NULL) return -1;
+        Py_SETREF(self->first_token_at, at);
+    }
+    /* self.line_state = advance(self.line_state, body) */
+    long state = PyLong_AsLong(self->line_state);
+    if (state < 0 || state > 4) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "line_state out of range");
+        return -1;
+    }
+    int next = advance((int)state, (const unsigned char *)PyBytes_AS_STRING(body),
+                       PyBytes_GET_SIZE(body));
+    return set_field(&self->line_state, STATES[next]);
+}
+
+static PyObject *RelayCore_relayed(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_relayed(body: bytes, now: float)");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (relayed(self, args[0], now) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The server's write: `self.server_nowait(body)`, True when written */
+static int server_write(RelayCore *self, PyObject *body) {
+    PyObject *r = PyObject_CallOneArg(self->server_nowait, body);
+    if (r == NULL) return -1;
+    int ok = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return ok;
+}
+
+/* `edit.ends is not None and len(body) > 3 and body[-1] == 10 and body[-4] not in ends`:
+ * 1 when the edit leaves this chunk as it is (no call), 0 when it must see it */
+static int passes_edit(PyObject *edit, PyObject *body) {
+    PyObject *ends = PyObject_GetAttr(edit, str_ends);
+    if (ends == NULL) return -1;
+    int passes = 0;
+    Py_ssize_t n = PyBytes_GET_SIZE(body);
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
+    if (ends != Py_None && n > 3 && b[n - 1] == 10) {
+        PyObject *byte = PyLong_FromLong(b[n - 4]); /* a cached small int */
+        int in = PySequence_Contains(ends, byte);
+        Py_DECREF(byte);
+        passes = in < 0 ? -1 : !in;
+    }
+    Py_DECREF(ends);
+    return passes;
+}
+
+/* def send_nowait(self, body) -> bool */
+static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
+    if (!PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "send_nowait(body: bytes)");
+        return NULL;
+    }
+    if (self->phase != BODY || self->reason != Py_None || self->sending_since != Py_None ||
+        self->keepalive != Py_None || self->inflater != Py_None ||
+        self->server_nowait == Py_None)
+        Py_RETURN_FALSE;
+    /* edit = self.edit */
+    PyObject *edit = self->edit;
+    int passes = edit == Py_None ? 1 : passes_edit(edit, body);
+    if (passes < 0) return NULL;
+    if (passes) {
+        /* if not self.server_nowait(body): return False */
+        int ok = server_write(self, body);
+        if (ok < 0) return NULL;
+        if (!ok) Py_RETURN_FALSE;
+    } else {
+        /* out = edit(body) */
+        Py_INCREF(edit); /* the call may replace self.edit */
+        PyObject *out = PyObject_CallOneArg(edit, body);
+        if (out == NULL) {
+            Py_DECREF(edit);
+            return NULL;
+        }
+        /* if out and not self.server_nowait(out): edit.undo(); return False */
+        int ok = PyObject_IsTrue(out) ? server_write(self, out) : 1;
+        Py_DECREF(out);
+        if (ok == 0) {
+            PyObject *r = PyObject_CallMethodNoArgs(edit, str_undo);
+            Py_XDECREF(r);
+            Py_DECREF(edit);
+            if (r == NULL) return NULL;
+            Py_RETURN_FALSE;
+        }
+        Py_DECREF(edit);
+        if (ok < 0) return NULL;
+    }
+    /* self.last_write = now = monotonic() */
+    double now = self->last_write = monotonic();
+    /* self._relayed(body, now): the compiled one unless a subclass overrides it */
+    PyObject *method = _PyType_Lookup(Py_TYPE(self), str_relayed);
+    if (method == relayed_descr) {
+        if (relayed(self, body, now) < 0) return NULL;
+    } else {
+        PyObject *at = PyFloat_FromDouble(now);
+        if (at == NULL) return NULL;
+        PyObject *args[3] = {(PyObject *)self, body, at};
+        PyObject *r = PyObject_VectorcallMethod(
+            str_relayed, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(at);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_TRUE;
+}
+
+/* -- the type: fields, GC, construction ------------------------------------------------ */
+
+#define FIELDS(X) \
+    X(edit) X(first_token_at) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) \
+    X(scanner) X(sending_since) X(server_nowait)
+
+static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    RelayCore *self = (RelayCore *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+#define INIT(name) self->name = Py_NewRef(Py_None);
+    FIELDS(INIT)
+#undef INIT
+    if (STATES[EVENT] != NULL) Py_SETREF(self->line_state, Py_NewRef(STATES[EVENT]));
+    return (PyObject *)self;
+}
+
+static int RelayCore_traverse(RelayCore *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+#define VISIT(name) Py_VISIT(self->name);
+    FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int RelayCore_clear(RelayCore *self) {
+#define CLEAR(name) Py_CLEAR(self->name);
+    FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void RelayCore_dealloc(RelayCore *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    RelayCore_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef RelayCore_members[] = {
+#define MEMBER(name) {#name, T_OBJECT_EX, offsetof(RelayCore, name), 0, NULL},
+    FIELDS(MEMBER)
+#undef MEMBER
+    {"last_chunk", T_DOUBLE, offsetof(RelayCore, last_chunk), 0, NULL},
+    {"last_write", T_DOUBLE, offsetof(RelayCore, last_write), 0, NULL},
+    {NULL},
+};
+
+static PyMethodDef RelayCore_methods[] = {
+    {"send_nowait", (PyCFunction)RelayCore_send_nowait, METH_O, NULL},
+    {"_relayed", (PyCFunction)(void (*)(void))RelayCore_relayed, METH_FASTCALL, NULL},
+    {NULL},
+};
+
+static PyType_Slot RelayCore_slots[] = {
+    {Py_tp_doc, "A stream's per-chunk state and methods (middleware/relaycore.py, compiled)."},
+    {Py_tp_new, RelayCore_new},
+    {Py_tp_dealloc, RelayCore_dealloc},
+    {Py_tp_traverse, RelayCore_traverse},
+    {Py_tp_clear, RelayCore_clear},
+    {Py_tp_members, RelayCore_members},
+    {Py_tp_methods, RelayCore_methods},
+    {0, NULL},
+};
+
+static PyType_Spec RelayCore_spec = {
+    .name = "middleware._relaycore.RelayCore",
+    .basicsize = sizeof(RelayCore),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = RelayCore_slots,
+};
+
+/* configure(body, states): Phase.BODY and the LineState members, once, at import */
+static PyObject *configure(PyObject *module, PyObject *args) {
+    PyObject *body, *states;
+    if (!PyArg_ParseTuple(args, "OO!", &body, &PyTuple_Type, &states)) return NULL;
+    if (PyTuple_GET_SIZE(states) != 5) {
+        PyErr_SetString(PyExc_ValueError, "five line states");
+        return NULL;
+    }
+    Py_XSETREF(BODY, Py_NewRef(body));
+    for (int i = 0; i < 5; i++) {
+        PyObject *state = PyTuple_GET_ITEM(states, i);
+        if (PyLong_AsLong(state) != i) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "line states in value order");
+            return NULL;
+        }
+        Py_XSETREF(STATES[i], Py_NewRef(state));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS, "Phase.BODY and the LineState members."},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "middleware._relaycore", NULL, -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__relaycore(void) {
+    str_ends = PyUnicode_InternFromString("ends");
+    str_undo = PyUnicode_InternFromString("undo");
+    str_scan = PyUnicode_InternFromString("_scan");
+    str_relayed = PyUnicode_InternFromString("_relayed");
+    if (!str_ends || !str_undo || !str_scan || !str_relayed) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    PyObject *type = PyType_FromSpec(&RelayCore_spec);
+    if (type == NULL || PyModule_AddObject(module, "RelayCore", type) < 0) {
+        Py_XDECREF(type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    relayed_descr = _PyType_Lookup((PyTypeObject *)type, str_relayed);
+    Py_XINCREF(relayed_descr);
+    return module;
+}

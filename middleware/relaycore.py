@@ -1,0 +1,127 @@
+"""The per-chunk core of a relay, in Python: `RelayCore`, the fields a relayed chunk reads
+and writes, and its two methods, `send_nowait` and `_relayed`.
+
+`middleware/_relaycore.c` is the same class compiled, line for line (a C twin of each
+method, in the same order, with the Python lines as comments beside the C): when it is built
+and `SIDESTREAM_NO_EXTENSIONS` is not set, `middleware.speedups` hands `relay.Relay` the
+compiled one. Both run the same tests (`make test` runs the suite once with each). Keep the
+two in step: a change here is a change there.
+
+Why compiled: a paced stream's token is a few hundred bytes that arrive 20 ms after this
+stream's last one and after 49 other streams' tokens, so each token runs its Python with cold
+caches; the interpreter's frames and attribute lookups per token were most of what the
+sidecar spent over nginx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import monotonic
+from typing import Protocol
+
+from middleware.errors import Outcome, StreamError
+from middleware.framing import Inflater
+from middleware.phases import Phase
+from middleware.sse import LineState, SSEScanner, advance
+from middleware.types import SendNowait
+
+BODY = Phase.BODY  # the hot path compares against a module global, not a class attribute
+
+
+class Edit(Protocol):
+    """A change the guard makes to a stream's bytes on their way out (resume's event ids,
+    forced usage's hidden chunk). Called with each body chunk in order, it returns the bytes
+    to write instead: nothing held back (bytes are forwarded as they come), and the output
+    ends at the same kind of line boundary as the input, so the line state the relay keeps
+    from the input holds for what was written."""
+
+    @property
+    def ends(self) -> frozenset[int] | None:
+        """None: every chunk is the edit's. Else the chunks it may change are those that do
+        not end an event and those whose fourth-last byte (before the closing blank line) is
+        in this set: the relay writes the others without the call, which costs more than the
+        rest of a token's relay (forced usage: the usage chunk ends `}}` or `[DONE]`)."""
+
+    def __call__(self, body: bytes) -> bytes: ...
+
+    def undo(self) -> None:
+        """Forget the last call: its output was not written (the chunk comes again)."""
+
+
+class RelayCore:
+    """A stream's per-chunk state (the rest of it is `relay.Relay`'s); slotted, so that the
+    fields a chunk touches sit in the object itself."""
+
+    __slots__ = (
+        "edit",
+        "first_token_at",
+        "inflater",
+        "keepalive",
+        "last_chunk",
+        "last_write",
+        "line_state",
+        "phase",
+        "reason",
+        "scanner",
+        "sending_since",
+        "server_nowait",
+    )
+
+    phase: Phase
+    reason: StreamError | Outcome | None  # why the guard stopped the app
+    sending_since: float | None  # a write to the client under way since
+    keepalive: asyncio.Task[None] | None  # a keep-alive being written
+    inflater: Inflater | None
+    server_nowait: SendNowait | None  # the server's synchronous body write, if offered
+    edit: Edit | None  # what the guard changes in the stream's bytes, if anything
+    scanner: SSEScanner | None  # until the first token
+    first_token_at: float | None
+    line_state: LineState
+    last_chunk: float  # the last body chunk relayed
+    last_write: float  # the last bytes handed to the server, keep-alives too
+
+    def _scan(self, body: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def send_nowait(self, body: bytes) -> bool:
+        """The `SEND_NOWAIT` extension: relay one more stream chunk now, or refuse (False)
+        and let the app `send` it. Refused whenever `send` would do more than write: before
+        the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
+        go first), with an inflater, once stopped, and whenever the server itself refuses
+        (flow control)."""
+        if (
+            self.phase is not BODY
+            or self.reason is not None
+            or self.sending_since is not None
+            or self.keepalive is not None
+            or self.inflater is not None
+            or self.server_nowait is None
+        ):
+            return False
+        edit = self.edit
+        if edit is None or (  # or a chunk the edit leaves as it is, by its `ends` (no call)
+            (ends := edit.ends) is not None
+            and len(body) > 3
+            and body[-1] == 10
+            and body[-4] not in ends
+        ):
+            if not self.server_nowait(body):
+                return False
+        else:
+            out = edit(body)
+            if out and not self.server_nowait(out):
+                edit.undo()  # refused: the app sends this chunk (maybe with more) by `send`
+                return False
+        self.last_write = now = monotonic()
+        self._relayed(body, now)
+        return True
+
+    def _relayed(self, body: bytes, now: float) -> None:
+        """Account for a body chunk given to the server (by `send` or `send_nowait`): the
+        idle clock, the first token, the SSE line state."""
+        self.last_chunk = now
+        if self.scanner is not None:
+            self._scan(body, now)
+        elif self.first_token_at is None:
+            self.first_token_at = now
+        self.line_state = advance(self.line_state, body)

@@ -1,0 +1,47 @@
+"""Which per-chunk core runs: the compiled one where it was built, else the Python one.
+
+`make install` (and any `pip install` from source with a C compiler) builds
+`middleware/_relaycore.c`; where no compiler exists the install goes on without it and this
+module says so once, at import. `SIDESTREAM_NO_EXTENSIONS=1` picks the Python core even
+where the compiled one was built (the test suite runs once each way).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from middleware.phases import Phase
+from middleware.sse import LineState
+
+DISABLE = "SIDESTREAM_NO_EXTENSIONS"
+
+
+def compiled(name: str) -> ModuleType | None:
+    """The compiled module `name`, or None: turned off by `SIDESTREAM_NO_EXTENSIONS`, or not
+    built (one log line)."""
+    if os.environ.get(DISABLE, "") not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        logging.getLogger("sidestream").info(
+            "%s is not built (%s): the per-chunk path runs in pure Python", name, exc
+        )
+        return None
+
+
+if TYPE_CHECKING:
+    from middleware.relaycore import RelayCore
+else:
+    _core = compiled("middleware._relaycore")
+    if _core is not None:
+        _core.configure(Phase.BODY, tuple(LineState))
+        RelayCore = _core.RelayCore
+    else:
+        from middleware.relaycore import RelayCore
+
+__all__ = ["RelayCore", "compiled"]

@@ -1,0 +1,34 @@
+"""The compiled per-chunk core, built where a C compiler exists (metadata: pyproject.toml).
+
+Optional: where the build fails (no compiler, no Python headers) the install goes on with
+the pure-Python core, and `middleware.speedups` logs that once at import.
+"""
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all
+            print(f"sidestream: the compiled core is not built ({exc}); pure Python it is")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            print(f"sidestream: {ext.name} is not built ({exc}); pure Python it is")
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "middleware._relaycore",
+            ["middleware/_relaycore.c"],
+            extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)
