@@ -7,6 +7,8 @@ the pure-Python core, and `middleware.speedups` logs that once at import.
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+FLAGS = ["-O2", "-Wall", "-Werror=implicit-function-declaration"]
+
 
 class OptionalBuildExt(build_ext):
     def run(self) -> None:
@@ -24,11 +26,11 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension(
-            "middleware._relaycore",
-            ["middleware/_relaycore.c"],
-            extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
-        )
+        Extension(name, [path], extra_compile_args=FLAGS)
+        for name, path in [
+            ("middleware._relaycore", "middleware/_relaycore.c"),
+            ("sidecar._core", "sidecar/_core.c"),
+        ]
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -15,7 +15,8 @@ Private names used (only when the gate says yes, except `capture_signals`):
   `connection_lost` and `_unsupported_upgrade_warning` overridden; its `parser`, `cycle`,
   `scope`, `loop` and `transport` read.
 - `RequestResponseCycle`: `flow.write_paused`, `disconnected`, `response_complete`,
-  `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension.
+  `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension (here,
+  and in its compiled twin, `sidecar/_core.c`'s `ChunkWriter`).
 - `uvicorn.Server`: `capture_signals` (replaced on both paths: uvicorn has no public switch
   for its signal handlers, and the sidecar decides what a signal means — drain first),
   `main_loop` and `on_tick` (replaced only behind the gate).
@@ -52,6 +53,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from middleware.types import SEND_NOWAIT, Abort, SendNowait
 from sidecar.servers.listener import ExitEvent
+from sidecar.speedups import core
 
 CHECKED = ("0.55",)  # uvicorn major.minor releases these internals were read in
 
@@ -149,7 +151,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         # A request task was made for this head (not an upgrade); HEAD responses have no body.
         if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
-            offer: dict[object, object] = {"send": _send_nowait(cycle), "abort": _abort(cycle)}
+            offer: dict[object, object] = {"send": send_nowait(cycle), "abort": _abort(cycle)}
             self.scope["extensions"] = {SEND_NOWAIT: offer}
 
     def _unsupported_upgrade_warning(self) -> None:
@@ -183,9 +185,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
+def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
     """The `SEND_NOWAIT` extension for one request: a chunked body write straight to the
-    transport, what uvicorn's `send` does for such a message, when nothing needs waiting for."""
+    transport, what uvicorn's `send` does for such a message, when nothing needs waiting for.
+    Compiled where built: `sidecar/_core.c`'s `ChunkWriter`, this closure line for line."""
+    if core is not None:
+        writer: SendNowait = core.ChunkWriter(cycle)
+        return writer
 
     def send_nowait(body: bytes) -> bool:
         # `chunked_encoding` is None until the response has started, and True only for a

@@ -25,6 +25,7 @@ import httptools
 
 from middleware.errors import UpstreamProtocolError
 from middleware.types import SendNowait
+from sidecar.speedups import H1Core
 from sidecar.upstream.types import Headers
 
 MAX_HEAD_BYTES = 65536
@@ -34,8 +35,9 @@ class _Refused(Exception):
     """Raised inside a parser callback to stop parsing with this message."""
 
 
-class H1Connection(asyncio.Protocol):
-    """A connection's protocol, and the state of the exchange running on it (if any)."""
+class H1Connection(H1Core, asyncio.Protocol):
+    """A connection's protocol, and the state of the exchange running on it (if any); its
+    per-read `data_received` is `H1Core`'s (`h1core.py`, or compiled: `sidecar.speedups`)."""
 
     __slots__ = (
         "_drain",
@@ -44,9 +46,6 @@ class H1Connection(asyncio.Protocol):
         "_head_request",
         "_informational",
         "_loop",
-        "_parser",
-        "chunks",
-        "complete",
         "dead",
         "error",
         "head_done",
@@ -57,9 +56,7 @@ class H1Connection(asyncio.Protocol):
         "on_body",
         "paused",
         "reader",
-        "received",
         "request_done",
-        "sink",
         "status",
         "transport",
         "waiter",
@@ -73,16 +70,16 @@ class H1Connection(asyncio.Protocol):
         self.dead = False  # closed, broken, or sent something unasked: never reuse
         self.lost = False  # connection_lost ran: no event will come any more
         self.idle_since = 0.0
-        self.chunks: list[bytes] = []
+        self.chunks = []
         self.on_body = self.chunks.append  # the parser's body callback, called from C
         self.waiter: asyncio.Future[None] | None = None  # head and state changes
         self.reader: asyncio.Future[bytes] | None = None  # the body's next chunk
-        self.sink: SendNowait | None = None  # takes body chunks first (Body.push_to)
+        self.sink = None
         self.paused = False
         self.error: UpstreamProtocolError | None = None
         self._drain: asyncio.Future[None] | None = None
         self.write_paused = False
-        self._parser: httptools.HttpResponseParser | None = None
+        self._parser = None
         self.begin(b"")
 
     def begin(self, method: bytes) -> None:
@@ -92,7 +89,7 @@ class H1Connection(asyncio.Protocol):
         self.head_done = False
         self.complete = False
         self.keep_alive = False
-        self.received = False  # any response byte
+        self.received = False
         self.request_done = False
         self.error = None
         self.sink = None
@@ -111,23 +108,12 @@ class H1Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        parser = self._parser
-        if parser is None or self.complete:  # unasked bytes on an idle connection
-            self.abort()
-            return
-        self.received = True
-        try:
-            parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            cause = exc.__context__ if isinstance(exc.__context__, _Refused) else exc
-            self._fail(f"invalid HTTP response from the upstream: {cause or type(exc).__name__}")
-            return
-        chunks = self.chunks
-        if chunks and self.sink is not None and self.sink(b"".join(chunks)):
-            chunks.clear()  # relayed without waking the consumer
-            if not self.complete:
-                return  # the sink is set after the head: only the end is news to the reader
+    def _feed_failed(self, exc: Exception) -> None:
+        cause = exc.__context__ if isinstance(exc.__context__, _Refused) else exc
+        self._fail(f"invalid HTTP response from the upstream: {cause or type(exc).__name__}")
+
+    def _after_feed(self) -> None:
+        """A read is parsed and its body bytes (if any) were not all taken by the sink."""
         reader = self.reader
         if reader is not None:
             if reader.done():  # cancelled

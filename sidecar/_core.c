@@ -1,0 +1,340 @@
+/* sidecar/_core.c: the sidecar's per-read path, compiled. Two twins of Python code, each
+ * line for line (the Python lines as comments above their C); read each beside its twin,
+ * and change both together (the test suite runs once with each: SIDESTREAM_NO_EXTENSIONS=1
+ * picks the Python ones):
+ *
+ * - `H1Core`: sidecar/upstream/h1core.py's class, the upstream connection's `data_received`.
+ * - `ChunkWriter`: sidecar/servers/uvicorn_internals.py's `_send_nowait` closure, the
+ *   `sidestream.send_nowait` write into uvicorn's response. It reads uvicorn's private
+ *   `RequestResponseCycle` fields as the closure does, so it is used only where that
+ *   module's version gate (`checked()`) allows the closure.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+static PyObject *PARSE_ERRORS = NULL; /* (httptools.HttpParserError, HttpParserUpgrade) */
+static PyObject *EMPTY, *str_join, *str_abort, *str_feed_failed, *str_after_feed, *str_feed_data;
+static PyObject *str_flow, *str_write_paused, *str_disconnected, *str_response_complete,
+    *str_chunked_encoding, *str_transport, *str_write;
+
+/* -- H1Core ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *parser; /* `_parser` */
+    PyObject *chunks;
+    char complete;
+    char received;
+    PyObject *sink;
+} H1Core;
+
+static PyObject *call_method0(PyObject *self, PyObject *name) {
+    return PyObject_VectorcallMethod(name, &self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* def data_received(self, data) */
+static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
+    /* parser = self._parser */
+    PyObject *parser = self->parser;
+    /* if parser is None or self.complete: self.abort(); return */
+    if (parser == NULL || parser == Py_None || self->complete) {
+        PyObject *r = call_method0((PyObject *)self, str_abort);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    /* self.received = True */
+    self->received = 1;
+    /* try: parser.feed_data(data) */
+    Py_INCREF(parser); /* a callback may replace self._parser */
+    PyObject *args[2] = {parser, data};
+    PyObject *r = PyObject_VectorcallMethod(
+        str_feed_data, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(parser);
+    if (r == NULL) {
+        /* except PARSE_ERRORS as exc: self._feed_failed(exc); return */
+        if (!PyErr_ExceptionMatches(PARSE_ERRORS)) return NULL;
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL) PyException_SetTraceback(exc, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        PyObject *fargs[2] = {(PyObject *)self, exc};
+        r = PyObject_VectorcallMethod(
+            str_feed_failed, fargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(exc);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(r);
+    /* chunks = self.chunks */
+    PyObject *chunks = self->chunks;
+    /* if chunks and self.sink is not None and self.sink(b"".join(chunks)): */
+    if (chunks != NULL && PyList_CheckExact(chunks) && PyList_GET_SIZE(chunks) > 0 &&
+        self->sink != NULL && self->sink != Py_None) {
+        Py_INCREF(chunks);
+        PyObject *sink = Py_NewRef(self->sink);
+        PyObject *body = PyList_GET_SIZE(chunks) == 1 && PyBytes_CheckExact(PyList_GET_ITEM(chunks, 0))
+            ? Py_NewRef(PyList_GET_ITEM(chunks, 0)) /* what join returns for one piece */
+            : PyObject_CallMethodOneArg(EMPTY, str_join, chunks);
+        PyObject *took = body == NULL ? NULL : PyObject_CallOneArg(sink, body);
+        Py_XDECREF(body);
+        Py_DECREF(sink);
+        int yes = took == NULL ? -1 : PyObject_IsTrue(took);
+        Py_XDECREF(took);
+        if (yes > 0) {
+            /* chunks.clear() */
+            yes = PyList_SetSlice(chunks, 0, PyList_GET_SIZE(chunks), NULL) < 0 ? -1 : 1;
+        }
+        Py_DECREF(chunks);
+        if (yes < 0) return NULL;
+        /* if not self.complete: return */
+        if (yes && !self->complete) Py_RETURN_NONE;
+    }
+    /* self._after_feed() */
+    r = call_method0((PyObject *)self, str_after_feed);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *H1Core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    H1Core *self = (H1Core *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->parser = Py_NewRef(Py_None);
+    self->chunks = PyList_New(0);
+    self->sink = Py_NewRef(Py_None);
+    if (self->chunks == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int H1Core_traverse(H1Core *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->parser);
+    Py_VISIT(self->chunks);
+    Py_VISIT(self->sink);
+    return 0;
+}
+
+static int H1Core_clear(H1Core *self) {
+    Py_CLEAR(self->parser);
+    Py_CLEAR(self->chunks);
+    Py_CLEAR(self->sink);
+    return 0;
+}
+
+static void H1Core_dealloc(H1Core *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    H1Core_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef H1Core_members[] = {
+    {"_parser", T_OBJECT_EX, offsetof(H1Core, parser), 0, NULL},
+    {"chunks", T_OBJECT_EX, offsetof(H1Core, chunks), 0, NULL},
+    {"complete", T_BOOL, offsetof(H1Core, complete), 0, NULL},
+    {"received", T_BOOL, offsetof(H1Core, received), 0, NULL},
+    {"sink", T_OBJECT_EX, offsetof(H1Core, sink), 0, NULL},
+    {NULL},
+};
+
+static PyMethodDef H1Core_methods[] = {
+    {"data_received", (PyCFunction)H1Core_data_received, METH_O, NULL},
+    {NULL},
+};
+
+static PyType_Slot H1Core_slots[] = {
+    {Py_tp_doc, "An upstream connection's per-read core (sidecar/upstream/h1core.py, compiled)."},
+    {Py_tp_new, H1Core_new},
+    {Py_tp_dealloc, H1Core_dealloc},
+    {Py_tp_traverse, H1Core_traverse},
+    {Py_tp_clear, H1Core_clear},
+    {Py_tp_members, H1Core_members},
+    {Py_tp_methods, H1Core_methods},
+    {0, NULL},
+};
+
+static PyType_Spec H1Core_spec = {
+    .name = "sidecar._core.H1Core",
+    .basicsize = sizeof(H1Core),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = H1Core_slots,
+};
+
+/* -- ChunkWriter ------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cycle;
+    vectorcallfunc vectorcall;
+} ChunkWriter;
+
+/* 1 when `getattr(obj, name)` is true, 0 when false, -1 on error */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) return -1;
+    int yes = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return yes;
+}
+
+/* def send_nowait(body: bytes) -> bool */
+static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 1 || kwnames != NULL || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "send_nowait(body: bytes)");
+        return NULL;
+    }
+    PyObject *body = args[0], *cycle = self->cycle;
+    /* if (cycle.flow.write_paused or cycle.disconnected or cycle.response_complete
+     *     or not cycle.chunked_encoding): return False */
+    PyObject *flow = PyObject_GetAttr(cycle, str_flow);
+    if (flow == NULL) return NULL;
+    int no = attr_true(flow, str_write_paused);
+    Py_DECREF(flow);
+    if (no == 0) no = attr_true(cycle, str_disconnected);
+    if (no == 0) no = attr_true(cycle, str_response_complete);
+    if (no == 0) {
+        int chunked = attr_true(cycle, str_chunked_encoding);
+        no = chunked < 0 ? -1 : !chunked;
+    }
+    if (no < 0) return NULL;
+    if (no) Py_RETURN_FALSE;
+    /* cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body)) */
+    Py_ssize_t n = PyBytes_GET_SIZE(body);
+    char head[24];
+    int head_len = snprintf(head, sizeof head, "%zx\r\n", n);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, head_len + n + 2);
+    if (out == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    memcpy(p, head, head_len);
+    memcpy(p + head_len, PyBytes_AS_STRING(body), n);
+    memcpy(p + head_len + n, "\r\n", 2);
+    PyObject *transport = PyObject_GetAttr(cycle, str_transport);
+    if (transport == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyObject *wargs[2] = {transport, out};
+    PyObject *r = PyObject_VectorcallMethod(
+        str_write, wargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(transport);
+    Py_DECREF(out);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    /* return True */
+    Py_RETURN_TRUE;
+}
+
+static PyObject *ChunkWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *cycle;
+    if (!PyArg_ParseTuple(args, "O:ChunkWriter", &cycle)) return NULL;
+    ChunkWriter *self = (ChunkWriter *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->cycle = Py_NewRef(cycle);
+    self->vectorcall = (vectorcallfunc)ChunkWriter_call;
+    return (PyObject *)self;
+}
+
+static int ChunkWriter_traverse(ChunkWriter *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->cycle);
+    return 0;
+}
+
+static int ChunkWriter_clear(ChunkWriter *self) {
+    Py_CLEAR(self->cycle);
+    return 0;
+}
+
+static void ChunkWriter_dealloc(ChunkWriter *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    ChunkWriter_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef ChunkWriter_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(ChunkWriter, vectorcall), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot ChunkWriter_slots[] = {
+    {Py_tp_doc, "ChunkWriter(cycle): the send_nowait write into a uvicorn response."},
+    {Py_tp_new, ChunkWriter_new},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_dealloc, ChunkWriter_dealloc},
+    {Py_tp_traverse, ChunkWriter_traverse},
+    {Py_tp_clear, ChunkWriter_clear},
+    {Py_tp_members, ChunkWriter_members},
+    {0, NULL},
+};
+
+static PyType_Spec ChunkWriter_spec = {
+    .name = "sidecar._core.ChunkWriter",
+    .basicsize = sizeof(ChunkWriter),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = ChunkWriter_slots,
+};
+
+/* -- the module --------------------------------------------------------------------------- */
+
+/* configure(parse_errors): the exceptions httptools' parser raises, once, at import */
+static PyObject *configure(PyObject *module, PyObject *errors) {
+    Py_XSETREF(PARSE_ERRORS, Py_NewRef(errors));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_O, "httptools' parse errors, as a tuple."},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "sidecar._core", NULL, -1, module_methods,
+};
+
+static int add_type(PyObject *module, PyType_Spec *spec, const char *name) {
+    PyObject *type = PyType_FromSpec(spec);
+    if (type == NULL) return -1;
+    if (PyModule_AddObject(module, name, type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__core(void) {
+    struct { PyObject **name; const char *text; } names[] = {
+        {&str_abort, "abort"}, {&str_feed_failed, "_feed_failed"},
+        {&str_after_feed, "_after_feed"}, {&str_feed_data, "feed_data"},
+        {&str_flow, "flow"}, {&str_write_paused, "write_paused"},
+        {&str_disconnected, "disconnected"}, {&str_response_complete, "response_complete"},
+        {&str_chunked_encoding, "chunked_encoding"}, {&str_transport, "transport"},
+        {&str_write, "write"}, {&str_join, "join"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        *names[i].name = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].name == NULL) return NULL;
+    }
+    EMPTY = PyBytes_FromStringAndSize(NULL, 0);
+    if (EMPTY == NULL) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    if (add_type(module, &H1Core_spec, "H1Core") < 0 ||
+        add_type(module, &ChunkWriter_spec, "ChunkWriter") < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
