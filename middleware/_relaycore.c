@@ -27,6 +27,10 @@ static PyObject *relayed_descr = NULL; /* RelayCore._relayed, to spot an overrid
 typedef struct {
     PyObject_HEAD
     PyObject *edit;
+    /* edit.ends, read once when the edit is set (an edit's `ends` is fixed): whether it is
+     * None (every chunk is the edit's), else its bytes as a 256-bit set */
+    char edit_every;
+    unsigned char edit_ends[32];
     PyObject *first_token_at;
     PyObject *inflater;
     PyObject *keepalive;
@@ -122,22 +126,13 @@ static int server_write(RelayCore *self, PyObject *body) {
     return ok;
 }
 
-/* `edit.ends is not None and len(body) > 3 and body[-1] == 10 and body[-4] not in ends`:
- * 1 when the edit leaves this chunk as it is (no call), 0 when it must see it */
-static int passes_edit(PyObject *edit, PyObject *body) {
-    PyObject *ends = PyObject_GetAttr(edit, str_ends);
-    if (ends == NULL) return -1;
-    int passes = 0;
+/* `(ends := edit.ends) is not None and len(body) > 3 and body[-1] == 10
+ *  and body[-4] not in ends`: the edit leaves this chunk as it is (no call) */
+static int passes_edit(RelayCore *self, PyObject *body) {
     Py_ssize_t n = PyBytes_GET_SIZE(body);
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
-    if (ends != Py_None && n > 3 && b[n - 1] == 10) {
-        PyObject *byte = PyLong_FromLong(b[n - 4]); /* a cached small int */
-        int in = PySequence_Contains(ends, byte);
-        Py_DECREF(byte);
-        passes = in < 0 ? -1 : !in;
-    }
-    Py_DECREF(ends);
-    return passes;
+    if (self->edit_every || n <= 3 || b[n - 1] != 10) return 0;
+    return !(self->edit_ends[b[n - 4] >> 3] & (1 << (b[n - 4] & 7)));
 }
 
 /* def send_nowait(self, body) -> bool */
@@ -152,9 +147,7 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
         Py_RETURN_FALSE;
     /* edit = self.edit */
     PyObject *edit = self->edit;
-    int passes = edit == Py_None ? 1 : passes_edit(edit, body);
-    if (passes < 0) return NULL;
-    if (passes) {
+    if (edit == Py_None || passes_edit(self, body)) {
         /* if not self.server_nowait(body): return False */
         int ok = server_write(self, body);
         if (ok < 0) return NULL;
@@ -201,9 +194,10 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
 
 /* -- the type: fields, GC, construction ------------------------------------------------ */
 
-#define FIELDS(X) \
-    X(edit) X(first_token_at) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) \
-    X(scanner) X(sending_since) X(server_nowait)
+#define FIELDS_BUT_EDIT(X) \
+    X(first_token_at) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) X(scanner) \
+    X(sending_since) X(server_nowait)
+#define FIELDS(X) X(edit) FIELDS_BUT_EDIT(X)
 
 static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     RelayCore *self = (RelayCore *)type->tp_alloc(type, 0);
@@ -238,9 +232,56 @@ static void RelayCore_dealloc(RelayCore *self) {
     Py_DECREF(type);
 }
 
+static PyObject *RelayCore_get_edit(RelayCore *self, void *closure) {
+    return Py_NewRef(self->edit ? self->edit : Py_None);
+}
+
+/* self.edit = value: also reads value.ends into edit_every / edit_ends */
+static int RelayCore_set_edit(RelayCore *self, PyObject *value, void *closure) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "edit cannot be deleted");
+        return -1;
+    }
+    unsigned char ends_map[32] = {0};
+    char every = 1;
+    if (value != Py_None) {
+        PyObject *ends = PyObject_GetAttr(value, str_ends);
+        if (ends == NULL) return -1;
+        if (ends != Py_None) {
+            every = 0;
+            PyObject *it = PyObject_GetIter(ends), *item;
+            if (it == NULL) {
+                Py_DECREF(ends);
+                return -1;
+            }
+            while ((item = PyIter_Next(it)) != NULL) {
+                long byte = PyLong_AsLong(item);
+                Py_DECREF(item);
+                if (byte < 0 || byte > 255) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "ends holds bytes");
+                    break;
+                }
+                ends_map[byte >> 3] |= (unsigned char)(1 << (byte & 7));
+            }
+            Py_DECREF(it);
+        }
+        Py_DECREF(ends);
+        if (PyErr_Occurred()) return -1;
+    }
+    self->edit_every = every;
+    memcpy(self->edit_ends, ends_map, sizeof ends_map);
+    Py_XSETREF(self->edit, Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef RelayCore_getset[] = {
+    {"edit", (getter)RelayCore_get_edit, (setter)RelayCore_set_edit, NULL, NULL},
+    {NULL},
+};
+
 static PyMemberDef RelayCore_members[] = {
 #define MEMBER(name) {#name, T_OBJECT_EX, offsetof(RelayCore, name), 0, NULL},
-    FIELDS(MEMBER)
+    FIELDS_BUT_EDIT(MEMBER)
 #undef MEMBER
     {"last_chunk", T_DOUBLE, offsetof(RelayCore, last_chunk), 0, NULL},
     {"last_write", T_DOUBLE, offsetof(RelayCore, last_write), 0, NULL},
@@ -260,6 +301,7 @@ static PyType_Slot RelayCore_slots[] = {
     {Py_tp_traverse, RelayCore_traverse},
     {Py_tp_clear, RelayCore_clear},
     {Py_tp_members, RelayCore_members},
+    {Py_tp_getset, RelayCore_getset},
     {Py_tp_methods, RelayCore_methods},
     {0, NULL},
 };

@@ -40,7 +40,8 @@ class Edit(Protocol):
         """None: every chunk is the edit's. Else the chunks it may change are those that do
         not end an event and those whose fourth-last byte (before the closing blank line) is
         in this set: the relay writes the others without the call, which costs more than the
-        rest of a token's relay (forced usage: the usage chunk ends `}}` or `[DONE]`)."""
+        rest of a token's relay (forced usage: the usage chunk ends `}}` or `[DONE]`). Fixed
+        for the edit's life: the compiled core reads it once, when the edit is set."""
 
     def __call__(self, body: bytes) -> bytes: ...
 

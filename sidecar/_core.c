@@ -174,6 +174,8 @@ static PyType_Spec H1Core_spec = {
 typedef struct {
     PyObject_HEAD
     PyObject *cycle;
+    PyObject *flow;  /* cycle.flow: the connection's, for the cycle's life */
+    PyObject *write; /* cycle.transport.write: likewise */
     vectorcallfunc vectorcall;
 } ChunkWriter;
 
@@ -184,6 +186,21 @@ static int attr_true(PyObject *obj, PyObject *name) {
     int yes = PyObject_IsTrue(value);
     Py_DECREF(value);
     return yes;
+}
+
+/* `b"%x\r\n" % n` into `out` (room for 24 bytes); returns its length */
+static int hex_line(char *out, size_t n) {
+    static const char digits[] = "0123456789abcdef";
+    char tmp[16];
+    int len = 0;
+    do {
+        tmp[len++] = digits[n & 15];
+        n >>= 4;
+    } while (n);
+    for (int i = 0; i < len; i++) out[i] = tmp[len - 1 - i];
+    out[len] = '\r';
+    out[len + 1] = '\n';
+    return len + 2;
 }
 
 /* def send_nowait(body: bytes) -> bool */
@@ -197,10 +214,7 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
     PyObject *body = args[0], *cycle = self->cycle;
     /* if (cycle.flow.write_paused or cycle.disconnected or cycle.response_complete
      *     or not cycle.chunked_encoding): return False */
-    PyObject *flow = PyObject_GetAttr(cycle, str_flow);
-    if (flow == NULL) return NULL;
-    int no = attr_true(flow, str_write_paused);
-    Py_DECREF(flow);
+    int no = attr_true(self->flow, str_write_paused);
     if (no == 0) no = attr_true(cycle, str_disconnected);
     if (no == 0) no = attr_true(cycle, str_response_complete);
     if (no == 0) {
@@ -212,22 +226,14 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
     /* cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body)) */
     Py_ssize_t n = PyBytes_GET_SIZE(body);
     char head[24];
-    int head_len = snprintf(head, sizeof head, "%zx\r\n", n);
+    int head_len = hex_line(head, (size_t)n);
     PyObject *out = PyBytes_FromStringAndSize(NULL, head_len + n + 2);
     if (out == NULL) return NULL;
     char *p = PyBytes_AS_STRING(out);
     memcpy(p, head, head_len);
     memcpy(p + head_len, PyBytes_AS_STRING(body), n);
     memcpy(p + head_len + n, "\r\n", 2);
-    PyObject *transport = PyObject_GetAttr(cycle, str_transport);
-    if (transport == NULL) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    PyObject *wargs[2] = {transport, out};
-    PyObject *r = PyObject_VectorcallMethod(
-        str_write, wargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_DECREF(transport);
+    PyObject *r = PyObject_CallOneArg(self->write, out);
     Py_DECREF(out);
     if (r == NULL) return NULL;
     Py_DECREF(r);
@@ -238,9 +244,20 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
 static PyObject *ChunkWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *cycle;
     if (!PyArg_ParseTuple(args, "O:ChunkWriter", &cycle)) return NULL;
-    ChunkWriter *self = (ChunkWriter *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
+    PyObject *flow = PyObject_GetAttr(cycle, str_flow);
+    if (flow == NULL) return NULL;
+    PyObject *transport = PyObject_GetAttr(cycle, str_transport);
+    PyObject *write = transport == NULL ? NULL : PyObject_GetAttr(transport, str_write);
+    Py_XDECREF(transport);
+    ChunkWriter *self = write == NULL ? NULL : (ChunkWriter *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(flow);
+        Py_XDECREF(write);
+        return NULL;
+    }
     self->cycle = Py_NewRef(cycle);
+    self->flow = flow;
+    self->write = write;
     self->vectorcall = (vectorcallfunc)ChunkWriter_call;
     return (PyObject *)self;
 }
@@ -248,11 +265,15 @@ static PyObject *ChunkWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
 static int ChunkWriter_traverse(ChunkWriter *self, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->cycle);
+    Py_VISIT(self->flow);
+    Py_VISIT(self->write);
     return 0;
 }
 
 static int ChunkWriter_clear(ChunkWriter *self) {
     Py_CLEAR(self->cycle);
+    Py_CLEAR(self->flow);
+    Py_CLEAR(self->write);
     return 0;
 }
 

@@ -193,17 +193,19 @@ def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
         writer: SendNowait = core.ChunkWriter(cycle)
         return writer
 
+    flow, write = cycle.flow, cycle.transport.write  # the connection's: fixed for the cycle
+
     def send_nowait(body: bytes) -> bool:
         # `chunked_encoding` is None until the response has started, and True only for a
         # chunked body (uvicorn's choice when no Content-Length was given).
         if (
-            cycle.flow.write_paused
+            flow.write_paused
             or cycle.disconnected
             or cycle.response_complete
             or not cycle.chunked_encoding
         ):
             return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
 
     return send_nowait
