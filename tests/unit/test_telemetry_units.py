@@ -358,3 +358,30 @@ def test_standard_names_match_the_semantic_conventions_package() -> None:
     ]
     for ours, theirs in pairs:
         assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    ("opt_in", "latest"),
+    [
+        ("", False),
+        ("gen_ai_latest_experimental", True),
+        (" gen_ai_latest_experimental ", True),
+        ("http/dup,gen_ai_latest_experimental,database", True),
+        ("gen_ai_latest_experimental,gen_ai/dup", True),
+        ("http/dup,database/dup", False),
+        ("gen_ai", False),
+        ("gen_ai/dup", False),
+        ("GEN_AI_LATEST_EXPERIMENTAL", False),
+        ("gen_ai_latest_experimental/dup", False),
+        ("gen_ai_latest_experimentalx", False),
+    ],
+)
+def test_the_opt_in_is_read_as_the_python_instrumentations_read_it(
+    opt_in: str, latest: bool
+) -> None:
+    """OTEL_SEMCONV_STABILITY_OPT_IN is a comma-separated list whose values are stripped and
+    compared exactly: `gen_ai_latest_experimental` anywhere in it selects the latest names;
+    other categories' values, a case change, and `gen_ai/dup` (which no Python
+    instrumentation defines) leave the default."""
+    expected = semconv.GENAI_LATEST if latest else semconv.GENAI_DEFAULT
+    assert semconv.genai_names(opt_in) == expected
