@@ -32,7 +32,9 @@ GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
-GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"  # its values: "input", "output"
+# Values "input", "output". The registry has since dropped it with gen_ai.client.token.usage
+# (see the metrics below).
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
 # Added after v1.36.0 (by v1.41.0) and unchanged in the registry: with no older spelling, the
 # same in both modes.
 GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
