@@ -92,6 +92,8 @@ class Pipeline:
     provider and SDK spans are made.) `metric_readers` are extra plain readers (tests);
     `metric_exporters` are exported periodically with the chunk histogram added. `sinks`
     names the outputs of a stream's end in use (`sinks.SINKS`: span, metrics, access).
+    `semconv_opt_in` is OTEL_SEMCONV_STABILITY_OPT_IN's value (read from the environment when
+    None), which spells some GenAI names (`semconv.genai_names`).
     """
 
     def __init__(
@@ -110,8 +112,13 @@ class Pipeline:
         capture_limit: int = 4096,
         propagator: TextMapPropagator | None = None,
         sinks: Collection[str] = SINKS,
+        semconv_opt_in: str | None = None,
     ) -> None:
         self.sink_names = chosen_sinks(sinks)
+        if semconv_opt_in is None:
+            semconv_opt_in = os.environ.get(semconv.SEMCONV_OPT_IN, "")
+        # Read once, here: the GenAI names every stream is reported under.
+        self.genai_names = semconv.genai_names(semconv_opt_in)
         self.span_kind = span_kind
         self.server_address = server_address
         self.server_port = server_port
@@ -203,7 +210,7 @@ class Pipeline:
         self.access_log = logging.getLogger(semconv.ACCESS_LOGGER)
         made: list[SpanSink | MetricsSink | AccessSink] = []
         if spans:
-            made.append(SpanSink(self.direct))
+            made.append(SpanSink(self.direct, self.genai_names))
         if "metrics" in self.sink_names:
             made.append(
                 MetricsSink(
@@ -233,11 +240,13 @@ class Pipeline:
         """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
 
         `options` go to the constructor (server_address, server_port, provider_name,
-        capture_content, capture_limit, sinks). Exporters: OTLP/HTTP protobuf, batched direct
-        spans, periodic metrics (the span exporter is the SDK's with a faster encoder,
-        `otlp`; the SDK's own where `otel_sdk.checked()` is false); the SDK reads endpoint,
-        headers, timeout, sampler and resource variables itself. `SIDESTREAM_TELEMETRY_SINKS`
-        chooses the sinks (`sinks.parse_sinks`) unless `sinks` is given.
+        capture_content, capture_limit, sinks, semconv_opt_in). Exporters: OTLP/HTTP protobuf,
+        batched direct spans, periodic metrics (the span exporter is the SDK's with a faster
+        encoder, `otlp`; the SDK's own where `otel_sdk.checked()` is false); the SDK reads
+        endpoint, headers, timeout, sampler and resource variables itself.
+        `SIDESTREAM_TELEMETRY_SINKS` chooses the sinks (`sinks.parse_sinks`) unless `sinks` is
+        given, `OTEL_SEMCONV_STABILITY_OPT_IN` the GenAI names (`semconv.genai_names`) unless
+        `semconv_opt_in` is.
         """
         env = os.environ if environ is None else environ
         if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -248,6 +257,7 @@ class Pipeline:
         attributes = {} if "OTEL_SERVICE_NAME" in env else {"service.name": "sidestream"}
         resource = Resource.create(attributes)
         options.setdefault("sinks", parse_sinks(env.get("SIDESTREAM_TELEMETRY_SINKS")))
+        options.setdefault("semconv_opt_in", env.get(semconv.SEMCONV_OPT_IN, ""))
         processor = None
         if _wanted(env, "TRACES") and "span" in options["sinks"]:
             processor = BatchSpanProcessor(_span_exporter())

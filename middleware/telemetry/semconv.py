@@ -1,37 +1,90 @@
 """Every span, attribute, event and metric name sidestream emits, in one place.
 
-GenAI names follow the OpenTelemetry GenAI semantic conventions (v1.41, as shipped in
-`opentelemetry-semantic-conventions` 0.66); HTTP, URL, client and server names follow the
-stable HTTP conventions. sidestream's own names share the `sidestream.` prefix. A rename is a
-change to this module only; the telemetry tests check the standard names against
+GenAI names follow the OpenTelemetry GenAI semantic conventions: v1.41, as shipped in
+`opentelemetry-semantic-conventions` 0.66, and the registry of their own repository
+(open-telemetry/semantic-conventions-genai, model/gen-ai/registry.yaml) where the two differ;
+the comments below say which version each name follows. HTTP, URL, client and server names
+follow the stable HTTP conventions. sidestream's own names share the `sidestream.` prefix. A
+rename is a change to this module only; the telemetry tests check the standard names against
 the `opentelemetry-semantic-conventions` package.
+
+Two GenAI names are spelt by `OTEL_SEMCONV_STABILITY_OPT_IN`, read once when telemetry is set
+up (`genai_names`), as the Python GenAI instrumentations read it: by default the spelling they
+keep for existing users, with `gen_ai_latest_experimental` the registry's. Everything else is
+spelt the same either way.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 # -- GenAI (development status upstream) -----------------------------------------------------
+# Defined by v1.30.0 (the version opentelemetry-instrumentation-openai-v2 emits by default) and
+# unchanged through the registry.
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
-GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
-GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
 GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
-GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
-# Followed from open-telemetry/semantic-conventions-genai's model/gen-ai/registry.yaml (the
-# repository the GenAI conventions moved to), read 2026-12-03; not yet in the Python package.
+# Values "input", "output". The registry has since dropped it with gen_ai.client.token.usage
+# (see the metrics below).
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+# Added after v1.36.0 (by v1.41.0) and unchanged in the registry: with no older spelling, the
+# same in both modes.
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
-GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"  # only with capture_content=True
-GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+
+
+@dataclass(frozen=True, slots=True)
+class GenAINames:
+    """The GenAI names spelt by OTEL_SEMCONV_STABILITY_OPT_IN (`genai_names`)."""
+
+    provider: str  # on the span and on every GenAI metric
+    cache_write_input_tokens: str  # input tokens written to the provider's cache
+
+
+# Without the opt-in: as the Python GenAI instrumentations emit by default (the conventions'
+# transition plan: an instrumentation that emitted v1.36.0 or before keeps it by default).
+GENAI_DEFAULT: Final = GenAINames(
+    provider="gen_ai.system",  # v1.36.0 and before; v1.37.0 renamed it gen_ai.provider.name
+    # v1.41.0: the attribute is newer than v1.36.0, so no older spelling
+    cache_write_input_tokens="gen_ai.usage.cache_creation.input_tokens",
+)
+# OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental: the registry's names.
+GENAI_LATEST: Final = GenAINames(
+    provider="gen_ai.provider.name",  # v1.37.0 and after, the registry
+    # the registry, renamed from cache_creation (semantic-conventions-genai#440); not in
+    # `opentelemetry-semantic-conventions` yet
+    cache_write_input_tokens="gen_ai.usage.cache_write.input_tokens",
+)
+SEMCONV_OPT_IN: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
+_GENAI_BY_OPT_IN: Final = {"gen_ai_latest_experimental": GENAI_LATEST}
+
+
+def genai_names(opt_in: str) -> GenAINames:
+    """The GenAI names for OTEL_SEMCONV_STABILITY_OPT_IN's value `opt_in`.
+
+    Read as opentelemetry-instrumentation's `_OpenTelemetrySemanticConventionStability` reads
+    it: a comma-separated list, each value stripped and compared as it is. With
+    `gen_ai_latest_experimental` among them, `GENAI_LATEST`; otherwise (unset, empty, other
+    categories' values such as `http/dup`, unknown ones) `GENAI_DEFAULT`. There is no `/dup`
+    value for gen_ai: `http/dup` and `database/dup` are those categories' own.
+    """
+    for value in opt_in.split(","):
+        names = _GENAI_BY_OPT_IN.get(value.strip())
+        if names is not None:
+            return names
+    return GENAI_DEFAULT
+
 
 # -- HTTP, URL, client, server, error (stable) -----------------------------------------------
 HTTP_REQUEST_METHOD: Final = "http.request.method"
@@ -76,6 +129,9 @@ EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
 EXCEPTION_ESCAPED: Final = "exception.escaped"
 
 # -- metrics ------------------------------------------------------------------------------------
+# GenAI: v1.41.0, in both modes; duration and token usage (by gen_ai.token.type) since v1.30.0.
+# The registry has since replaced them (gen_ai.client.inference.*, semantic-conventions-genai
+# #374 and #521); the Python instrumentations still emit these (opentelemetry-util-genai).
 METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
 METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
 METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"

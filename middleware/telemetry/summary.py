@@ -78,6 +78,8 @@ class Settings(Protocol):
     @property
     def provider_name(self) -> str | None: ...
     @property
+    def genai_names(self) -> semconv.GenAINames: ...
+    @property
     def sinks(self) -> Sequence[Callable[[Summary], None]]: ...
 
 
@@ -248,11 +250,12 @@ class Summary:
         self.operation: str | None = None
         if genai:
             operation = self.operation = dialect.operation if dialect is not None else "chat"
-            provider = record.telemetry.provider_name or PROVIDERS.get(
+            telemetry = record.telemetry
+            provider = telemetry.provider_name or PROVIDERS.get(
                 dialect.name if dialect else "", "unknown"
             )
             series[semconv.GEN_AI_OPERATION_NAME] = operation
-            series[semconv.GEN_AI_PROVIDER_NAME] = provider
+            series[telemetry.genai_names.provider] = provider
             if model is not None:
                 series[semconv.GEN_AI_REQUEST_MODEL] = model
             series.update(record.server)

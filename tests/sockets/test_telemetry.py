@@ -160,7 +160,7 @@ async def test_completed_stream_has_one_span_with_genai_http_and_sidestream_attr
     assert span.kind is SpanKind.CLIENT
     assert span.status.status_code is StatusCode.UNSET
     assert a[semconv.GEN_AI_OPERATION_NAME] == "chat"
-    assert a[semconv.GEN_AI_PROVIDER_NAME] == "openai"
+    assert a[semconv.GENAI_DEFAULT.provider] == "openai"
     assert a[semconv.GEN_AI_REQUEST_MODEL] == MODEL
     assert a[semconv.GEN_AI_REQUEST_STREAM] is True
     assert a[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 1000

@@ -82,7 +82,7 @@ async def test_genai_metrics_use_the_conventions_buckets_and_attributes() -> Non
         assert point.count == 2
         assert point.attributes == {
             semconv.GEN_AI_OPERATION_NAME: "chat",
-            semconv.GEN_AI_PROVIDER_NAME: "openai",
+            semconv.GENAI_DEFAULT.provider: "openai",
             semconv.GEN_AI_REQUEST_MODEL: "m1",
             semconv.SERVER_ADDRESS: "127.0.0.1",
             semconv.SERVER_PORT: point.attributes[semconv.SERVER_PORT],

@@ -310,10 +310,19 @@ def test_event_text_per_dialect(dialect: str, event: Event, text: str) -> None:
 
 
 def test_standard_names_match_the_semantic_conventions_package() -> None:
-    """Every GenAI/HTTP name in middleware.telemetry.semconv is the one the conventions define."""
+    """Every GenAI/HTTP name in middleware.telemetry.semconv is the one the conventions define
+    (both spellings where OTEL_SEMCONV_STABILITY_OPT_IN chooses one)."""
     pairs = [
         (semconv.GEN_AI_OPERATION_NAME, gen_ai.GEN_AI_OPERATION_NAME),
-        (semconv.GEN_AI_PROVIDER_NAME, gen_ai.GEN_AI_PROVIDER_NAME),
+        (semconv.GENAI_DEFAULT.provider, gen_ai.GEN_AI_SYSTEM),
+        (semconv.GENAI_LATEST.provider, gen_ai.GEN_AI_PROVIDER_NAME),
+        (
+            semconv.GENAI_DEFAULT.cache_write_input_tokens,
+            gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+        ),
+        # GENAI_LATEST.cache_write_input_tokens: the package has no constant for it yet.
+        (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+        (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, gen_ai.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS),
         (semconv.GEN_AI_REQUEST_MODEL, gen_ai.GEN_AI_REQUEST_MODEL),
         (semconv.GEN_AI_REQUEST_STREAM, gen_ai.GEN_AI_REQUEST_STREAM),
         (semconv.GEN_AI_REQUEST_MAX_TOKENS, gen_ai.GEN_AI_REQUEST_MAX_TOKENS),
@@ -349,3 +358,30 @@ def test_standard_names_match_the_semantic_conventions_package() -> None:
     ]
     for ours, theirs in pairs:
         assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    ("opt_in", "latest"),
+    [
+        ("", False),
+        ("gen_ai_latest_experimental", True),
+        (" gen_ai_latest_experimental ", True),
+        ("http/dup,gen_ai_latest_experimental,database", True),
+        ("gen_ai_latest_experimental,gen_ai/dup", True),
+        ("http/dup,database/dup", False),
+        ("gen_ai", False),
+        ("gen_ai/dup", False),
+        ("GEN_AI_LATEST_EXPERIMENTAL", False),
+        ("gen_ai_latest_experimental/dup", False),
+        ("gen_ai_latest_experimentalx", False),
+    ],
+)
+def test_the_opt_in_is_read_as_the_python_instrumentations_read_it(
+    opt_in: str, latest: bool
+) -> None:
+    """OTEL_SEMCONV_STABILITY_OPT_IN is a comma-separated list whose values are stripped and
+    compared exactly: `gen_ai_latest_experimental` anywhere in it selects the latest names;
+    other categories' values, a case change, and `gen_ai/dup` (which no Python
+    instrumentation defines) leave the default."""
+    expected = semconv.GENAI_LATEST if latest else semconv.GENAI_DEFAULT
+    assert semconv.genai_names(opt_in) == expected

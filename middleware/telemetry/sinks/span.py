@@ -26,12 +26,14 @@ _UNSET = Status(StatusCode.UNSET)
 
 
 class SpanSink:
-    """Ends each stream's span; `spans` are the direct spans, when they are used."""
+    """Ends each stream's span; `spans` are the direct spans, when they are used; `names` the
+    GenAI names OTEL_SEMCONV_STABILITY_OPT_IN chose."""
 
     name = "span"
 
-    def __init__(self, spans: DirectSpans | None) -> None:
+    def __init__(self, spans: DirectSpans | None, names: semconv.GenAINames) -> None:
         self.spans = spans
+        self.names = names
 
     def emit(self, summary: Summary) -> None:
         record = summary.record
@@ -40,11 +42,11 @@ class SpanSink:
             return
         direct = record.direct
         if direct is None:
-            attrs = attributes(summary, {})
+            attrs = attributes(summary, {}, self.names)
         elif direct.attributes is None:  # the sampler dropped it: nothing is recorded
             return
         else:  # added to those it started with, in place (DirectSpans.end merges them so)
-            attrs = attributes(summary, direct.attributes)
+            attrs = attributes(summary, direct.attributes, self.names)
         name = record.method
         if summary.genai:
             operation = summary.operation
@@ -85,7 +87,9 @@ class SpanSink:
         span.end(end_time=end)
 
 
-def attributes(summary: Summary, attrs: dict[str, Any]) -> dict[str, Any]:
+def attributes(
+    summary: Summary, attrs: dict[str, Any], names: semconv.GenAINames
+) -> dict[str, Any]:
     """`attrs` with the span's attributes at its end added, in their order."""
     attrs[semconv.OUTCOME] = summary.outcome_value
     value: Any = summary.status
@@ -135,7 +139,7 @@ def attributes(summary: Summary, attrs: dict[str, Any]) -> dict[str, Any]:
         if stats is not None:
             for key, count in (
                 (semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, stats.cache_read_tokens),
-                (semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, stats.cache_creation_tokens),
+                (names.cache_write_input_tokens, stats.cache_creation_tokens),
                 (semconv.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, stats.reasoning_tokens),
             ):
                 if count is not None:
