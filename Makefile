@@ -26,8 +26,9 @@ run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on l
 	$(BIN)/python -m sidecar.demo
 
 .PHONY: test
-test: $(STAMP) ## Run the whole test suite (unit, asgi, sockets, system) with coverage.
+test: $(STAMP) ## Run the whole test suite (unit, asgi, sockets, system) with coverage, with the compiled core and then without it.
 	$(BIN)/pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
+	SIDESTREAM_NO_EXTENSIONS=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## Run the unit and asgi tiers only (no sockets, no processes; seconds).

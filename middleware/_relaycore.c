@@ -14,7 +14,7 @@
 #include <structmember.h>
 #include <time.h>
 
-/* Set once by configure(): Phase.BODY and the five LineState members, in value order. */
+/* Set once at import: Phase.BODY and the five LineState members, in value order. */
 static PyObject *BODY = NULL;
 static PyObject *STATES[5] = {NULL};
 enum { EVENT, LINE, MID, CR_LINE, CR_EVENT };
@@ -205,7 +205,7 @@ static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 #define INIT(name) self->name = Py_NewRef(Py_None);
     FIELDS(INIT)
 #undef INIT
-    if (STATES[EVENT] != NULL) Py_SETREF(self->line_state, Py_NewRef(STATES[EVENT]));
+    Py_SETREF(self->line_state, Py_NewRef(STATES[EVENT]));
     return (PyObject *)self;
 }
 
@@ -313,33 +313,31 @@ static PyType_Spec RelayCore_spec = {
     .slots = RelayCore_slots,
 };
 
-/* configure(body, states): Phase.BODY and the LineState members, once, at import */
-static PyObject *configure(PyObject *module, PyObject *args) {
-    PyObject *body, *states;
-    if (!PyArg_ParseTuple(args, "OO!", &body, &PyTuple_Type, &states)) return NULL;
-    if (PyTuple_GET_SIZE(states) != 5) {
-        PyErr_SetString(PyExc_ValueError, "five line states");
-        return NULL;
-    }
-    Py_XSETREF(BODY, Py_NewRef(body));
+/* Phase.BODY and the five LineState members, from their modules, once */
+static int load_constants(void) {
+    PyObject *phases = PyImport_ImportModule("middleware.phases");
+    PyObject *phase = phases == NULL ? NULL : PyObject_GetAttrString(phases, "Phase");
+    Py_XDECREF(phases);
+    BODY = phase == NULL ? NULL : PyObject_GetAttrString(phase, "BODY");
+    Py_XDECREF(phase);
+    if (BODY == NULL) return -1;
+    PyObject *sse = PyImport_ImportModule("middleware.sse");
+    PyObject *states = sse == NULL ? NULL : PyObject_GetAttrString(sse, "LineState");
+    Py_XDECREF(sse);
+    if (states == NULL) return -1;
     for (int i = 0; i < 5; i++) {
-        PyObject *state = PyTuple_GET_ITEM(states, i);
-        if (PyLong_AsLong(state) != i) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "line states in value order");
-            return NULL;
+        STATES[i] = PyObject_CallFunction(states, "i", i); /* LineState(i) */
+        if (STATES[i] == NULL) {
+            Py_DECREF(states);
+            return -1;
         }
-        Py_XSETREF(STATES[i], Py_NewRef(state));
     }
-    Py_RETURN_NONE;
+    Py_DECREF(states);
+    return 0;
 }
 
-static PyMethodDef module_methods[] = {
-    {"configure", configure, METH_VARARGS, "Phase.BODY and the LineState members."},
-    {NULL},
-};
-
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "middleware._relaycore", NULL, -1, module_methods,
+    PyModuleDef_HEAD_INIT, "middleware._relaycore", NULL, -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__relaycore(void) {
@@ -348,6 +346,7 @@ PyMODINIT_FUNC PyInit__relaycore(void) {
     str_scan = PyUnicode_InternFromString("_scan");
     str_relayed = PyUnicode_InternFromString("_relayed");
     if (!str_ends || !str_undo || !str_scan || !str_relayed) return NULL;
+    if (load_constants() < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     PyObject *type = PyType_FromSpec(&RelayCore_spec);

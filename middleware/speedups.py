@@ -14,9 +14,6 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from middleware.phases import Phase
-from middleware.sse import LineState
-
 DISABLE = "SIDESTREAM_NO_EXTENSIONS"
 
 
@@ -39,7 +36,6 @@ if TYPE_CHECKING:
 else:
     _core = compiled("middleware._relaycore")
     if _core is not None:
-        _core.configure(Phase.BODY, tuple(LineState))
         RelayCore = _core.RelayCore
     else:
         from middleware.relaycore import RelayCore

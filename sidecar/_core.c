@@ -13,7 +13,7 @@
 #include <Python.h>
 #include <structmember.h>
 
-static PyObject *PARSE_ERRORS = NULL; /* (httptools.HttpParserError, HttpParserUpgrade) */
+static PyObject *PARSE_ERRORS = NULL; /* h1core.PARSE_ERRORS */
 static PyObject *EMPTY, *str_join, *str_abort, *str_feed_failed, *str_after_feed, *str_feed_data;
 static PyObject *str_flow, *str_write_paused, *str_disconnected, *str_response_complete,
     *str_chunked_encoding, *str_transport, *str_write;
@@ -310,19 +310,8 @@ static PyType_Spec ChunkWriter_spec = {
 
 /* -- the module --------------------------------------------------------------------------- */
 
-/* configure(parse_errors): the exceptions httptools' parser raises, once, at import */
-static PyObject *configure(PyObject *module, PyObject *errors) {
-    Py_XSETREF(PARSE_ERRORS, Py_NewRef(errors));
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef module_methods[] = {
-    {"configure", configure, METH_O, "httptools' parse errors, as a tuple."},
-    {NULL},
-};
-
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "sidecar._core", NULL, -1, module_methods,
+    PyModuleDef_HEAD_INIT, "sidecar._core", NULL, -1, NULL,
 };
 
 static int add_type(PyObject *module, PyType_Spec *spec, const char *name) {
@@ -350,6 +339,16 @@ PyMODINIT_FUNC PyInit__core(void) {
     }
     EMPTY = PyBytes_FromStringAndSize(NULL, 0);
     if (EMPTY == NULL) return NULL;
+    /* h1core.PARSE_ERRORS: what httptools' parser raises for a bad response */
+    PyObject *httptools = PyImport_ImportModule("httptools");
+    if (httptools == NULL) return NULL;
+    PyObject *error = PyObject_GetAttrString(httptools, "HttpParserError");
+    PyObject *upgrade = PyObject_GetAttrString(httptools, "HttpParserUpgrade");
+    Py_DECREF(httptools);
+    PARSE_ERRORS = error && upgrade ? PyTuple_Pack(2, error, upgrade) : NULL;
+    Py_XDECREF(error);
+    Py_XDECREF(upgrade);
+    if (PARSE_ERRORS == NULL) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
     if (add_type(module, &H1Core_spec, "H1Core") < 0 ||

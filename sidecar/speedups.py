@@ -16,9 +16,6 @@ core: ModuleType | None = compiled("sidecar._core")
 if TYPE_CHECKING:
     from sidecar.upstream.h1core import H1Core
 elif core is not None:
-    from sidecar.upstream.h1core import PARSE_ERRORS
-
-    core.configure(PARSE_ERRORS)
     H1Core = core.H1Core
 else:
     from sidecar.upstream.h1core import H1Core

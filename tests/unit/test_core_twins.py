@@ -1,0 +1,396 @@
+"""The per-chunk core's two twins — Python (`middleware/relaycore.py`, `sidecar/upstream/
+h1core.py`, uvicorn_internals' closure) and compiled (`middleware/_relaycore.c`,
+`sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
+with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each way)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from middleware import relaycore, speedups
+from middleware.phases import Phase
+from middleware.sse import LineState, advance
+from sidecar.servers import uvicorn_internals
+from sidecar.upstream import h1core
+
+
+def _built(name: str) -> Any:
+    """The compiled twin, whatever the switch says (it decides what runs, not what exists)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+compiled_relay = _built("middleware._relaycore")
+compiled_sidecar = _built("sidecar._core")
+TWINS = ["python", "compiled"]
+
+
+def test_the_run_uses_the_core_it_asked_for() -> None:
+    """Without SIDESTREAM_NO_EXTENSIONS the compiled core is built and in use (a failed build
+    would otherwise make both runs of the suite pure Python); with it, the Python one is."""
+    from middleware.relay import Relay
+    from sidecar.upstream.h1 import H1Connection
+
+    if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
+        assert Relay.__mro__[1] is relaycore.RelayCore
+        assert H1Connection.__mro__[1] is h1core.H1Core
+    else:
+        assert compiled_relay is not None and compiled_sidecar is not None, "not built"
+        assert Relay.__mro__[1] is compiled_relay.RelayCore
+        assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
+
+
+def test_a_core_that_is_not_built_is_named_in_one_log_line(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing compiled module means the Python core and one log line naming it, no error."""
+    monkeypatch.delenv(speedups.DISABLE, raising=False)
+    with caplog.at_level(logging.INFO, "sidestream"):
+        assert speedups.compiled("middleware._no_such_core") is None
+    assert [r.getMessage() for r in caplog.records if "_no_such_core" in r.getMessage()]
+
+
+def test_the_switch_turns_the_compiled_core_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIDESTREAM_NO_EXTENSIONS=1 picks the Python core even where the compiled one exists."""
+    monkeypatch.setenv(speedups.DISABLE, "1")
+    assert speedups.compiled("middleware._relaycore") is None
+    monkeypatch.setenv(speedups.DISABLE, "0")
+    assert speedups.compiled("middleware._relaycore") is compiled_relay
+
+
+def _need(module: Any, twin: str) -> None:
+    if twin == "compiled" and module is None:
+        pytest.fail("the compiled core is not built: `make install` builds it (needs gcc)")
+
+
+# -- RelayCore ---------------------------------------------------------------------------
+
+
+class Edit:
+    """An edit that upper-cases what it sees, with `ends` as given, and remembers undo."""
+
+    def __init__(self, ends: frozenset[int] | None) -> None:
+        self.ends = ends
+        self.seen: list[bytes] = []
+        self.undone = 0
+
+    def __call__(self, body: bytes) -> bytes:
+        self.seen.append(body)
+        return body.upper()
+
+    def undo(self) -> None:
+        self.undone += 1
+
+
+def relay(twin: str, written: list[bytes], *, accept: bool = True) -> Any:
+    """A RelayCore of `twin` in BODY, past its first token, writing into `written`."""
+    _need(compiled_relay, twin)
+    base = relaycore.RelayCore if twin == "python" else compiled_relay.RelayCore
+
+    class Relay(base):  # type: ignore[misc, valid-type]
+        __slots__ = ("scanned",)
+
+        def _scan(self, body: bytes, now: float) -> None:
+            self.scanned.append(body)
+
+    r = Relay()
+    r.scanned = []
+    r.phase = Phase.BODY
+    r.reason = r.sending_since = r.keepalive = r.inflater = r.edit = r.scanner = None
+    r.first_token_at = None
+    r.line_state = LineState.EVENT
+    r.last_chunk = r.last_write = 0.0
+
+    def server(body: bytes) -> bool:
+        if accept:
+            written.append(body)
+        return accept
+
+    r.server_nowait = server
+    return r
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_send_nowait_writes_and_accounts(twin: str) -> None:
+    """A chunk is written as is; the clocks, the first token and the line state follow it."""
+    written: list[bytes] = []
+    r = relay(twin, written)
+    assert r.send_nowait(b"data: a\n\ndata: b") is True
+    assert written == [b"data: a\n\ndata: b"]
+    assert r.last_chunk == r.last_write == r.first_token_at > 0
+    assert r.line_state is LineState.MID
+    assert r.send_nowait(b"\n\n") is True and r.line_state is LineState.EVENT
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("phase", Phase.HEADERS),
+        ("reason", "stopped"),
+        ("sending_since", 1.0),
+        ("keepalive", "a task"),
+        ("inflater", "an inflater"),
+        ("server_nowait", None),
+    ],
+)
+def test_send_nowait_refuses_what_send_must_do(twin: str, field: str, value: object) -> None:
+    """Each state in which `send` would do more than write makes `send_nowait` refuse, with
+    nothing written and nothing accounted."""
+    written: list[bytes] = []
+    r = relay(twin, written)
+    setattr(r, field, value)
+    assert r.send_nowait(b"data: x\n\n") is False
+    assert written == [] and r.last_chunk == 0.0 and r.first_token_at is None
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_refused_write_is_not_accounted(twin: str) -> None:
+    """The server refusing (flow control) leaves the relay as it was."""
+    r = relay(twin, [], accept=False)
+    assert r.send_nowait(b"data: x\n\n") is False
+    assert r.last_write == 0.0 and r.line_state is LineState.EVENT
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_edit_sees_only_chunks_its_ends_name(twin: str) -> None:
+    """With `ends`, a whole event whose fourth-last byte is not in it goes out uncalled; one
+    whose byte is, or a chunk that does not end a line, goes through the edit."""
+    written: list[bytes] = []
+    r = relay(twin, written)
+    edit = Edit(frozenset(b"}"))
+    r.edit = edit
+    assert r.send_nowait(b'data: {"a":[]}\n\n') and edit.seen == []
+    assert r.send_nowait(b'data: {"u":{}}\n\n') and edit.seen == [b'data: {"u":{}}\n\n']
+    assert r.send_nowait(b"data: x") and len(edit.seen) == 2
+    assert written == [b'data: {"a":[]}\n\n', b'DATA: {"U":{}}\n\n', b"DATA: X"]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_an_edit_without_ends_sees_every_chunk_and_is_undone_on_refusal(twin: str) -> None:
+    """`ends` None: every chunk is the edit's; a write the server refuses undoes the edit."""
+    r = relay(twin, [], accept=False)
+    edit = Edit(None)
+    r.edit = edit
+    assert r.send_nowait(b"data: a\n\n") is False
+    assert edit.seen == [b"data: a\n\n"] and edit.undone == 1
+    r.edit = None
+    assert r.edit is None
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_until_the_first_token_each_chunk_is_scanned(twin: str) -> None:
+    """While a scanner is set, `_scan` sees the chunk and decides the first token."""
+    r = relay(twin, [])
+    r.scanner = "a scanner"
+    assert r.send_nowait(b"data: x\n\n")
+    assert r.scanned == [b"data: x\n\n"] and r.first_token_at is None
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_an_overridden_relayed_is_the_one_called(twin: str) -> None:
+    """A subclass's `_relayed` (telemetry's) runs in place of the core's."""
+    base = type(relay(twin, []))
+
+    class Observed(base):  # type: ignore[misc, valid-type]
+        __slots__ = ("calls",)
+
+        def _relayed(self, body: bytes, now: float) -> None:
+            self.calls.append((body, now))
+
+    r = Observed()
+    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner"):
+        setattr(r, name, None)
+    r.phase, r.calls, r.server_nowait = Phase.BODY, [], lambda body: True
+    assert r.send_nowait(b"x")
+    assert r.calls == [(b"x", r.last_write)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    state=st.sampled_from(list(LineState)),
+    chunk=st.binary(max_size=8) | st.lists(st.sampled_from([b"\r", b"\n", b"a"])).map(b"".join),
+)
+def test_the_compiled_line_state_is_sse_advance(state: LineState, chunk: bytes) -> None:
+    """The compiled relay's line state after any chunk, from any state, is `sse.advance`'s."""
+    _need(compiled_relay, "compiled")
+    r = relay("compiled", [])
+    r.first_token_at = 1.0
+    r.line_state = state
+    r._relayed(chunk, 2.0)
+    assert r.line_state is advance(state, chunk)
+
+
+# -- ChunkWriter -------------------------------------------------------------------------
+
+
+def writer(twin: str, **state: Any) -> tuple[Any, Any, list[bytes]]:
+    written: list[bytes] = []
+    cycle = SimpleNamespace(
+        flow=SimpleNamespace(write_paused=False),
+        transport=SimpleNamespace(write=written.append),
+        disconnected=False,
+        response_complete=False,
+        chunked_encoding=True,
+    )
+    for key, value in state.items():
+        setattr(cycle, key, value)
+    if twin == "compiled":
+        _need(compiled_sidecar, twin)
+        return compiled_sidecar.ChunkWriter(cycle), cycle, written
+    saved = uvicorn_internals.core
+    uvicorn_internals.core = None
+    try:
+        return uvicorn_internals.send_nowait(cycle), cycle, written  # type: ignore[arg-type]
+    finally:
+        uvicorn_internals.core = saved
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 255, 4096, 70000])
+def test_a_chunk_is_framed_as_uvicorn_frames_it(twin: str, size: int) -> None:
+    """The write is `%x\\r\\n<body>\\r\\n`, uvicorn's chunked framing, for any size."""
+    write, _, written = writer(twin)
+    body = b"z" * size
+    assert write(body) is True
+    assert written == [b"%x\r\n%b\r\n" % (size, body)]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"disconnected": True},
+        {"response_complete": True},
+        {"chunked_encoding": None},
+        {"chunked_encoding": False},
+    ],
+)
+def test_the_writer_refuses_what_uvicorn_would_not_write(twin: str, state: dict[str, Any]) -> None:
+    """A gone client, a complete response, or a body not chunked: refused, nothing written."""
+    write, _, written = writer(twin, **state)
+    assert write(b"x") is False and written == []
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_writer_refuses_while_uvicorn_pauses_writing(twin: str) -> None:
+    """Flow control: while the transport's buffer is over its mark, refused; after, written."""
+    write, cycle, written = writer(twin)
+    cycle.flow.write_paused = True
+    assert write(b"x") is False
+    cycle.flow.write_paused = False
+    assert write(b"x") is True and written == [b"1\r\nx\r\n"]
+
+
+# -- H1Core ------------------------------------------------------------------------------
+
+
+class Parser:
+    """Stands in for httptools' parser: each feed appends its body pieces, or raises."""
+
+    def __init__(self, conn: Any, pieces: list[bytes], error: Exception | None = None) -> None:
+        self.conn, self.pieces, self.error = conn, pieces, error
+
+    def feed_data(self, data: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self.conn.chunks.extend(self.pieces)
+
+
+def connection(twin: str, sink: Any = None) -> Any:
+    if twin == "compiled":
+        _need(compiled_sidecar, twin)
+        base = compiled_sidecar.H1Core
+    else:
+        base = h1core.H1Core
+
+    class Conn(base):  # type: ignore[misc, valid-type]
+        __slots__ = ("events",)
+
+        def abort(self) -> None:
+            self.events.append("abort")
+
+        def _feed_failed(self, exc: Exception) -> None:
+            self.events.append(("failed", exc))
+
+        def _after_feed(self) -> None:
+            self.events.append(("after", list(self.chunks)))
+
+    c = Conn()
+    c.events, c.chunks, c.complete, c.received, c.sink = [], [], False, False, sink
+    return c
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_read_the_sink_takes_goes_no_further(twin: str) -> None:
+    """Body pieces of one read go to the sink joined, are cleared, and wake nothing."""
+    taken: list[bytes] = []
+    c = connection(twin, sink=lambda body: taken.append(body) or True)
+    c._parser = Parser(c, [b"ab", b"cd"])
+    c.data_received(b"...")
+    assert taken == [b"abcd"] and c.chunks == [] and c.events == [] and c.received is True
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_refused_or_sinkless_read_goes_to_after_feed(twin: str) -> None:
+    """The sink refusing, or no sink, leaves the pieces for `_after_feed` (the reader)."""
+    c = connection(twin, sink=lambda body: False)
+    c._parser = Parser(c, [b"ab"])
+    c.data_received(b"...")
+    assert c.events == [("after", [b"ab"])]
+    c = connection(twin)
+    c._parser = Parser(c, [b"cd"])
+    c.data_received(b"...")
+    assert c.events == [("after", [b"cd"])]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_end_goes_to_after_feed_even_when_the_sink_took_the_bytes(twin: str) -> None:
+    """A read that completes the response is news to the reader, whoever took its bytes."""
+    c = connection(twin, sink=lambda body: True)
+
+    class Ending(Parser):
+        def feed_data(self, data: bytes) -> None:
+            super().feed_data(data)
+            self.conn.complete = True
+
+    c._parser = Ending(c, [b"last"])
+    c.data_received(b"...")
+    assert c.events == [("after", [])]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_bytes_on_an_idle_or_finished_connection_abort_it(twin: str) -> None:
+    """No exchange (no parser), or one complete: unasked bytes abort the connection."""
+    c = connection(twin)
+    c._parser = None
+    c.data_received(b"x")
+    c._parser, c.complete = Parser(c, []), True
+    c.data_received(b"x")
+    assert c.events == ["abort", "abort"]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_parse_error_goes_to_feed_failed_and_others_propagate(twin: str) -> None:
+    """httptools' parse errors are the connection's to report; anything else is a bug and
+    propagates."""
+    import httptools
+
+    c = connection(twin)
+    error = httptools.HttpParserError("bad")
+    c._parser = Parser(c, [], error)
+    c.data_received(b"x")
+    assert c.events == [("failed", error)]
+    c._parser = Parser(c, [], KeyError("bug"))
+    with pytest.raises(KeyError):
+        c.data_received(b"x")
