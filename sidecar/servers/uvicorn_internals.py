@@ -15,7 +15,10 @@ Private names used (only when the gate says yes, except `capture_signals`):
   `connection_lost` and `_unsupported_upgrade_warning` overridden; its `parser`, `cycle`,
   `scope`, `loop` and `transport` read.
 - `RequestResponseCycle`: `flow.write_paused`, `disconnected`, `response_complete`,
-  `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension.
+  `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension;
+  `message_event` replaced (below).
+- the protocol's `pipeline`, `flow` (`FlowControl._is_writable_event`) and each cycle's
+  `message_event`, replaced by lighter objects with the same methods (below).
 - `uvicorn.Server`: `capture_signals` (replaced on both paths: uvicorn has no public switch
   for its signal handlers, and the sidecar decides what a signal means — drain first),
   `main_loop` and `on_tick` (replaced only behind the gate).
@@ -37,6 +40,13 @@ slowloris client per file descriptor holds the sidecar open forever. So:
 Deliberate: the timer is armed per connection and per request head, never per read; reads
 only add to a byte count. The answers are written straight to the transport: no ASGI
 request exists yet.
+
+Memory per open connection, which thousands of idle streams multiply: the protocol keeps
+its own fields in slots (uvicorn's instance dict is near CPython's limit for key-sharing
+dicts, past which each instance carries a dict of its own four times the size); the request
+pipeline (a queue only HTTP pipelining fills) is a list, not a deque with its block of 64
+slots; and the two events uvicorn makes per connection and per request, of which most are
+never waited on, make their waiter list at the first wait.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -93,6 +103,53 @@ def _answer(status: int, code: str, message: str, extra: bytes = b"") -> bytes:
     )
 
 
+class LazyEvent:
+    """What uvicorn calls of an `asyncio.Event` (`set`, `clear`, `is_set`, `wait`), with the
+    waiter list made at the first `wait()`: an `asyncio.Event` makes a deque at once."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self, value: bool = False) -> None:
+        self._set = value
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            for waiter in self._waiters or ():
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> Literal[True]:
+        if self._set:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+            return True
+        finally:
+            self._waiters.remove(waiter)
+
+
+class Pipeline(list[Any]):
+    """uvicorn's queue of pipelined requests, of which it calls `appendleft`, `pop` and
+    truth: a list (an empty one holds no item array), where uvicorn makes a deque."""
+
+    __slots__ = ()
+
+    def appendleft(self, item: Any) -> None:
+        self.insert(0, item)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a request-head deadline, a head size cap and CONNECT 405.
 
@@ -100,11 +157,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     connection with its own keyword arguments.
     """
 
+    # Slots: uvicorn's own fields stay in the instance dict, and stay few enough for it to
+    # share its keys with every other connection's (see the module docstring).
+    __slots__ = ("_began", "_head_bytes", "_head_timer", "_in_head", "_refused")
+
     header_timeout: float | None = 10.0
     max_head_bytes: int = 32768 + 8192
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.pipeline = Pipeline()  # type: ignore[assignment]  # uvicorn's methods, a list
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = True  # between requests or inside a request head
         self._head_bytes = 0
@@ -113,6 +175,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow._is_writable_event = LazyEvent(True)  # type: ignore[assignment]
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -147,8 +210,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
         cycle = self.cycle
-        # A request task was made for this head (not an upgrade); HEAD responses have no body.
-        if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
+        if cycle is None or cycle.scope is not self.scope:
+            return  # an upgrade: no request task was made for this head
+        # Nothing waits on the new cycle's event yet: its task has not run.
+        cycle.message_event = LazyEvent()  # type: ignore[assignment]
+        if self.scope["method"] != "HEAD":  # HEAD responses have no body
             offer: dict[object, object] = {"send": _send_nowait(cycle), "abort": _abort(cycle)}
             self.scope["extensions"] = {SEND_NOWAIT: offer}
 
@@ -221,7 +287,7 @@ def protocol_class(
     return type(
         "GuardedHttpToolsProtocol",
         (GuardedHttpToolsProtocol,),
-        {"header_timeout": header_timeout, "max_head_bytes": max_head_bytes},
+        {"header_timeout": header_timeout, "max_head_bytes": max_head_bytes, "__slots__": ()},
     )
 
 
