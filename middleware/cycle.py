@@ -3,7 +3,7 @@
 The rules are the guard's (see `guard.py`); `Cycle` runs them for one request. Per chunk
 (`relay.Relay`, its base) it stores the clock, scans for the first token until it has come,
 advances the O(1) SSE line state, and hands the chunk to the server: nothing else. The
-client side (request body, disconnect watcher) is `receiver.Receiver`; what is due when is
+client side (request body, hearing the client leave) is `receiver.Receiver`; what is due when is
 `deadlines`; the response's progress is a `phases.Phase`. Telemetry, when on, runs the
 request with a subclass of this one (`middleware.telemetry.observed`): this module knows
 nothing of it.
@@ -114,9 +114,10 @@ class Cycle(Relay):
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
         self.settings = settings
         self.scope = scope
-        server_nowait = _swap_nowait(scope, self.send_nowait)
+        receiver = Receiver(receive, self._client_left)
+        server_nowait = _take_offer(scope, self.send_nowait, receiver)
         self.started = now = monotonic()
-        super().__init__(Receiver(receive, self._client_left), send, server_nowait, now)
+        super().__init__(receiver, send, server_nowait, now)
         self.loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None, "StreamGuard runs inside a task"
@@ -338,7 +339,7 @@ def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
     """The client accepted nothing for send_timeout: close its connection (through the
     server's `abort`, where offered, so the server logs no incomplete response) and say so
     once."""
-    offer = (scope.get("extensions") or {}).get(SEND_NOWAIT)
+    offer = _offer(scope)
     if offer is not None and "abort" in offer:
         offer["abort"]()
     client = scope.get("client")
@@ -349,15 +350,25 @@ def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
     )
 
 
-def _swap_nowait(scope: Scope, ours: SendNowait) -> SendNowait | None:
+def _offer(scope: Scope) -> dict[str, Any] | None:
+    """The server's `SEND_NOWAIT` extension dict for this request, if it offers one."""
+    offer: dict[str, Any] | None = (scope.get("extensions") or {}).get(SEND_NOWAIT)
+    return offer
+
+
+def _take_offer(scope: Scope, ours: SendNowait, receiver: Receiver) -> SendNowait | None:
     """The server's synchronous body write, if it offers one; the app gets ours instead (our
     checks first, then the server's), never the server's own. Swapped in the extension's own
     dict rather than in a copy of the scope: a copy costs ~1 KB per open stream, and the
-    server never reads the function back."""
-    extensions = scope.get("extensions")
-    if not extensions or SEND_NOWAIT not in extensions:
+    server never reads the function back. Where the server offers to say when the client
+    leaves (`on_disconnect`, still free: an outer guard may have taken it), the receiver
+    takes it and needs no watcher task."""
+    offer = _offer(scope)
+    if offer is None:
         return None
-    offer = extensions[SEND_NOWAIT]
     server: SendNowait = offer["send"]
     offer["send"] = ours
+    if "on_disconnect" in offer and offer["on_disconnect"] is None:
+        offer["on_disconnect"] = receiver.left
+        receiver.told = True
     return server

@@ -16,7 +16,8 @@ Private names used (only when the gate says yes, except `capture_signals`):
   `scope`, `loop` and `transport` read.
 - `RequestResponseCycle`: `flow.write_paused`, `disconnected`, `response_complete`,
   `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension;
-  `message_event` replaced (below).
+  `disconnected` set and `response_complete` read when the connection is lost (the
+  extension's `on_disconnect`).
 - the protocol's `pipeline`, `flow` (`FlowControl._is_writable_event`) and each cycle's
   `message_event`, replaced by lighter objects with the same methods (below).
 - `uvicorn.Server`: `capture_signals` (replaced on both paths: uvicorn has no public switch
@@ -159,7 +160,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # Slots: uvicorn's own fields stay in the instance dict, and stay few enough for it to
     # share its keys with every other connection's (see the module docstring).
-    __slots__ = ("_began", "_head_bytes", "_head_timer", "_in_head", "_refused")
+    __slots__ = (
+        "_began",
+        "_head_bytes",
+        "_head_timer",
+        "_in_head",
+        "_refused",
+        "_told_cycle",
+        "_told_offer",
+    )
 
     header_timeout: float | None = 10.0
     max_head_bytes: int = 32768 + 8192
@@ -172,6 +181,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._refused = False
         self._began = False  # a request's first byte came and its head is not complete
+        # The request whose extension takes an `on_disconnect` listener: the first one not
+        # complete (a request pipelined behind it gets none, and its guard reads receive()).
+        self._told_cycle: RequestResponseCycle | None = None
+        self._told_offer: dict[object, object] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -181,6 +194,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        cycle, offer = self._told_cycle, self._told_offer
+        if cycle is not None and offer is not None and not cycle.response_complete:
+            cycle.disconnected = True  # uvicorn marks only the newest request's cycle
+            listener = offer.get("on_disconnect")
+            if callable(listener):
+                listener()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -216,6 +235,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle.message_event = LazyEvent()  # type: ignore[assignment]
         if self.scope["method"] != "HEAD":  # HEAD responses have no body
             offer: dict[object, object] = {"send": _send_nowait(cycle), "abort": _abort(cycle)}
+            told = self._told_cycle
+            if told is None or told.response_complete:
+                offer["on_disconnect"] = None  # free for a listener (middleware.types)
+                self._told_cycle, self._told_offer = cycle, offer
             self.scope["extensions"] = {SEND_NOWAIT: offer}
 
     def _unsupported_upgrade_warning(self) -> None:
