@@ -172,8 +172,9 @@ class Cycle(Relay):
         reason = self.reason
         if isinstance(reason, StreamError):
             error = reason
-        elif reason is not None:
-            self.outcome = reason
+        elif reason is not None:  # what the app raised on its way out (its upstream stopped)
+            self.outcome = reason  # follows from the stop, and is not the stream's outcome
+            error = None
         if error is not None:
             self.outcome = error.outcome
             self.error = error
@@ -205,6 +206,10 @@ class Cycle(Relay):
         if self.reason is None and self.running and self.phase is not DONE:
             self.reason = reason
             self.aborted_at = monotonic()
+            offer = _offer(self.scope)
+            stop = None if offer is None else offer.get("stop")
+            if stop is not None:
+                stop()  # the app's upstream closed now, not once the cancellation reaches it
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
             self.loop.call_soon(self._cancel_app)
 

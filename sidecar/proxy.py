@@ -8,7 +8,10 @@ When the server offers the `SEND_NOWAIT` extension (the sidecar's HTTP/1.1 liste
 StreamGuard), an HTTP/1.1 upstream read is written to the client from the upstream
 protocol's callback, without waking this request's task.
 Whatever it refuses (a slow client, a keep-alive being written, the guard's own cases)
-comes out of the body iterator and takes the `send` path above, in order.
+comes out of the body iterator and takes the `send` path above, in order. The proxy also
+puts its HTTP/1.1 connection's close there as the extension's `stop`: when the guard stops
+the stream, the upstream sees the close in that loop turn, before the cancellation reaches
+this task (which then leaves the exchange as usual).
 
 Deliberate surprises (do not "fix"):
 - Upstream failures are raised, not answered: the HTTP/1.1 pool raises `middleware.errors`
@@ -212,14 +215,18 @@ class ProxyApp:
                             "headers": rules.response_headers(response.headers),
                         }
                     )
-                    if nowait is not None and isinstance(response.body, H1Body):
-                        response.body.push_to(nowait)
+                    if offer is not None and isinstance(response.body, H1Body):
+                        offer["stop"] = response.body.stop  # closed the moment it stops
+                        if nowait is not None:
+                            response.body.push_to(nowait)
                     async for chunk in response.body:
                         if chunk:
                             await send(
                                 {"type": "http.response.body", "body": chunk, "more_body": True}
                             )
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if offer is not None:
+                    offer.pop("stop", None)  # the connection may serve another request now
         except BodyTooLarge:
             await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
         except ClientDisconnected:
