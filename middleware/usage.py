@@ -49,13 +49,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+# One decoder: `json.loads` with a hook makes a decoder per call, a reference cycle that
+# waits for the cyclic collector.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+
+
 def rewrite(body: bytes, mode: str) -> bytes | None:
     """The request body with usage asked for, or None to forward `body` unchanged (not a
     streaming JSON object, malformed, or the client asked for usage itself)."""
     if len(body) > BODY_LIMIT:
         return None
     try:
-        obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        obj = _DECODER.decode(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or obj.get("stream") is not True:

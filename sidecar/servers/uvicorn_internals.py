@@ -61,7 +61,7 @@ from typing import Any, Literal
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from middleware.types import SEND_NOWAIT, Abort, SendNowait
+from middleware.types import SEND_NOWAIT, SendNowait
 from sidecar.servers.listener import ExitEvent
 
 CHECKED = ("0.55",)  # uvicorn major.minor releases these internals were read in
@@ -234,12 +234,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # Nothing waits on the new cycle's event yet: its task has not run.
         cycle.message_event = LazyEvent()  # type: ignore[assignment]
         if self.scope["method"] != "HEAD":  # HEAD responses have no body
-            offer: dict[object, object] = {"send": _send_nowait(cycle), "abort": _abort(cycle)}
+            offer: dict[object, object] = {"send": _send_nowait(cycle), "abort": self._drop}
             told = self._told_cycle
             if told is None or told.response_complete:
                 offer["on_disconnect"] = None  # free for a listener (middleware.types)
                 self._told_cycle, self._told_offer = cycle, offer
             self.scope["extensions"] = {SEND_NOWAIT: offer}
+
+    def _drop(self) -> None:
+        """The extension's `abort`: drop the client now. uvicorn logs an app that returns
+        with its response incomplete as an error unless the client is gone: every request
+        of the connection is marked gone (the one asking, and any pipelined behind it)."""
+        for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline)):
+            if cycle is not None:
+                cycle.disconnected = True
+        self.transport.close()
 
     def _unsupported_upgrade_warning(self) -> None:
         if not self._refused:  # CONNECT already answered: nothing to warn about
@@ -290,17 +299,6 @@ def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
         return True
 
     return send_nowait
-
-
-def _abort(cycle: RequestResponseCycle) -> Abort:
-    """The extension's `abort`: drop the client now. uvicorn logs an app that returns with its
-    response incomplete as an error unless the client is gone; marked gone, it is not."""
-
-    def abort() -> None:
-        cycle.disconnected = True
-        cycle.transport.close()
-
-    return abort
 
 
 def protocol_class(
