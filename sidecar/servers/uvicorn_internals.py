@@ -11,9 +11,10 @@ correctness, and an upper bound would block users from uvicorn's own fixes.
 
 Private names used (only when the gate says yes, except `capture_signals`):
 - `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`: subclassed; its
-  `data_received`, `on_message_begin`, `on_headers_complete`, `connection_made`,
-  `connection_lost` and `_unsupported_upgrade_warning` overridden; its `parser`, `cycle`,
-  `scope`, `loop` and `transport` read.
+  `data_received`, `on_message_begin`, `on_headers_complete`, `on_message_complete`,
+  `connection_made`, `connection_lost` and `_unsupported_upgrade_warning` overridden; its
+  `parser` (dropped between requests, made again as uvicorn makes it), `cycle`, `scope`,
+  `loop` and `transport` read.
 - `RequestResponseCycle`: `flow.write_paused`, `disconnected`, `response_complete`,
   `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension;
   `disconnected` set and `response_complete` read when the connection is lost (the
@@ -46,8 +47,10 @@ Memory per open connection, which thousands of idle streams multiply: the protoc
 its own fields in slots (uvicorn's instance dict is near CPython's limit for key-sharing
 dicts, past which each instance carries a dict of its own four times the size); the request
 pipeline (a queue only HTTP pipelining fills) is a list, not a deque with its block of 64
-slots; and the two events uvicorn makes per connection and per request, of which most are
-never waited on, make their waiter list at the first wait.
+slots; the two events uvicorn makes per connection and per request, of which most are
+never waited on, make their waiter list at the first wait; and the request parser (with the
+protocol's callbacks it holds) is dropped once a request has been read whole, and made
+again when the client sends more: a stream's client seldom does.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ import json
 from collections.abc import Generator
 from typing import Any, Literal
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -72,6 +76,7 @@ _PROTOCOL_HOOKS = (
     "data_received",
     "on_message_begin",
     "on_headers_complete",
+    "on_message_complete",
     "_unsupported_upgrade_warning",
 )
 _SERVER_HOOKS = ("capture_signals", "main_loop", "on_tick")
@@ -165,6 +170,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         "_head_bytes",
         "_head_timer",
         "_in_head",
+        "_read_whole",
         "_refused",
         "_told_cycle",
         "_told_offer",
@@ -181,6 +187,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._refused = False
         self._began = False  # a request's first byte came and its head is not complete
+        self._read_whole = False  # the last request was parsed to its end, nothing after it
         # The request whose extension takes an `on_disconnect` listener: the first one not
         # complete (a request pipelined behind it gets none, and its guard reads receive()).
         self._told_cycle: RequestResponseCycle | None = None
@@ -204,6 +211,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        if self.parser is None:  # dropped once the last request was read whole
+            self.parser = _request_parser(self)
         was_in_head = self._in_head
         super().data_received(data)
         if was_in_head and self._in_head and not self._refused:  # all of `data` was head
@@ -211,11 +220,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._head_bytes > self.max_head_bytes:
                 message = f"request head over {self.max_head_bytes} bytes"
                 self._refuse(_answer(431, "request_header_fields_too_large", message))
+        if self._read_whole and self.parser is not None:
+            # Between two requests a new parser is as good as this one, and most streams'
+            # clients send nothing more: made again when they do.
+            self.parser = None  # type: ignore[assignment]
 
     def on_message_begin(self) -> None:
         self._in_head = True  # a request's first byte: on a kept-alive connection, arm now
         self._head_bytes = 0
         self._began = True
+        self._read_whole = False
         if self._head_timer is None:
             self._arm()
         super().on_message_begin()
@@ -250,6 +264,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 cycle.disconnected = True
         self.transport.close()
 
+    def on_message_complete(self) -> None:
+        # An upgrade's parser stays: it is paused, and what it makes of later bytes is its own.
+        self._read_whole = not self.parser.should_upgrade()
+        super().on_message_complete()
+
     def _unsupported_upgrade_warning(self) -> None:
         if not self._refused:  # CONNECT already answered: nothing to warn about
             super()._unsupported_upgrade_warning()
@@ -279,6 +298,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self.transport.write(response)
         self.transport.close()
+
+
+def _request_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
+    """A request parser for `protocol`, as uvicorn makes one."""
+    parser = httptools.HttpRequestParser(protocol)
+    with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
 
 
 def _send_nowait(cycle: RequestResponseCycle) -> SendNowait:
