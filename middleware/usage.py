@@ -127,7 +127,7 @@ async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, Hid
         return _Replay(read, receive), None
     _with_length(scope, len(rewritten))
     message = {"type": "http.request", "body": rewritten, "more_body": False}
-    return _Replay([message], receive), HideUsage(continuous=mode == "continuous")
+    return _Replay([message], receive), _HIDE[mode == "continuous"]
 
 
 class _Replay:
@@ -175,6 +175,10 @@ class HideUsage:
 
     def undo(self) -> None:
         """Nothing to forget: each chunk is edited on its own."""
+
+
+# The edit each stream gets: it keeps no state of its own, so one of each kind serves all.
+_HIDE = (HideUsage(continuous=False), HideUsage(continuous=True))
 
 
 def _hide(body: bytes, continuous: bool) -> bytes:
