@@ -12,12 +12,13 @@ nothing of it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Protocol
 
-from middleware import usage
+from middleware import timers, usage
 from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
 from middleware.dialects import select
 from middleware.errors import (
@@ -39,7 +40,6 @@ from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("sidestream")
 
-TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 HEADERS, DONE = Phase.HEADERS, Phase.DONE
 EXPIRED: dict[Expiry, type[StreamError]] = {
     Expiry.MAX_DURATION: MaxDuration,
@@ -108,7 +108,10 @@ class Cycle(Relay):
         "stopped_at",
         "streaming",
         "task",
-        "timer",
+        "timer_context",
+        "timer_due",
+        "timer_slot",
+        "timers",
     )
 
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,7 +128,10 @@ class Cycle(Relay):
         self.running = False  # the app is running and may be cancelled
         self.streaming = False  # a guarded stream: SSE or another configured type
         self.sse = False
-        self.timer: asyncio.TimerHandle | None = None
+        # The one timer: a place in this loop's heap of waiting cycles (`middleware.timers`).
+        self.timers = timers.for_loop(self.loop)
+        self.timer_slot = timers.NOT_ARMED
+        self.timer_due = 0.0
         self.outcome = Outcome.COMPLETED
         self.cancelled_task = False
         # Read once at the request's end (telemetry, the access line).
@@ -141,6 +147,9 @@ class Cycle(Relay):
         settings, task = self.settings, self.task
         settings.registry.add(self)
         base = task.cancelling()
+        # The timer's callbacks run in the request's context as it is now (telemetry's span
+        # current), as a loop timer armed here would.
+        self.timer_context = contextvars.copy_context()
         self._arm(next_deadline(settings.timeouts, self, self.started))
         error: StreamError | None = None
         self.running = True
@@ -219,9 +228,7 @@ class Cycle(Relay):
             self.task.cancel()
 
     def _stop_helpers(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.timers.disarm(self)
         self.receiver.stop()
         if self.keepalive is not None and self.reason is Outcome.SLOW_CLIENT:
             self.keepalive.cancel()
@@ -277,9 +284,7 @@ class Cycle(Relay):
         kind = guarded(headers, status, self.scope.get("method"), self.settings.content_types)
         if kind is None:
             self._enter(Phase.PLAIN)
-            if self.timer is not None:  # a plain response: no deadlines once it has begun
-                self.timer.cancel()
-                self.timer = None
+            self.timers.disarm(self)  # a plain response: no deadlines once it has begun
             await self.downstream(message)
             return
         media, encoding = kind
@@ -311,18 +316,14 @@ class Cycle(Relay):
     def _arm(self, when: float) -> None:
         # The cycle's clock is time.monotonic: uvloop's loop.time() moves in whole milliseconds,
         # too coarse for TTFT and inter-token gaps. The timer only needs to be on time to a
-        # millisecond or two; the slack keeps uvloop's rounding from firing it just early.
-        self.timer = self.loop.call_later(
-            max(0.0, when - monotonic()) + TIMER_SLACK, self._on_timer
-        )
+        # millisecond or two (`timers.SLACK`).
+        self.timers.arm(self, when)
 
     def _rearm(self, now: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         self._arm(next_deadline(self.settings.timeouts, self, now))
 
-    def _on_timer(self) -> None:
-        self.timer = None
+    def on_timer(self) -> None:
+        """The timer fired (`middleware.timers`): whatever is due, then the next deadline."""
         if not self.running or self.phase is DONE or self.reason is not None:
             return
         timeouts, now = self.settings.timeouts, monotonic()

@@ -10,9 +10,10 @@ Deliberate choices — do not "fix" these:
 - The inner app runs in the request's own task, and the guard cancels that task itself
   (then uncancels it, as `asyncio.timeout` does) to stop the app on a disconnect or a timeout.
   No extra task per request, and leaving the app's upstream context closes the upstream.
-- One lazy timer per stream (`loop.call_at`) serves every deadline: a chunk only stores the
-  clock; the timer, when it fires, asks `deadlines` what is due and re-arms itself. No timer
-  object is created per chunk.
+- One lazy timer per stream serves every deadline: a chunk only stores the clock; the timer,
+  when it fires, asks `deadlines` what is due and re-arms itself. No timer object is created
+  per chunk, nor per stream: the streams' timers are places in one heap per event loop
+  under one loop timer (`middleware.timers`), as thousands of idle streams wait at once.
 - Keep-alives are written by a short task started by that timer, never concurrently with the
   app's own write (the app's `send` waits for it): one writer at a time.
 - The timer never interrupts an upstream read: cancelling an httpcore read closes its
