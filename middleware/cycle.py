@@ -3,10 +3,10 @@
 The rules are the guard's (see `guard.py`); `Cycle` runs them for one request. Per chunk
 (`relay.Relay`, its base) it stores the clock, scans for the first token until it has come,
 advances the O(1) SSE line state, and hands the chunk to the server: nothing else. The
-client side (request body, hearing the client leave) is `receiver.Receiver`; what is due when is
-`deadlines`; the response's progress is a `phases.Phase`. Telemetry, when on, runs the
-request with a subclass of this one (`middleware.telemetry.observed`): this module knows
-nothing of it.
+client side (request body, hearing the client leave) is `receiver.Receiver`; what is due
+when is `deadlines`, the timer `timers`; the response's progress is a `phases.Phase`.
+Telemetry, when on, runs the request with a subclass of this one
+(`middleware.telemetry.observed`): this module knows nothing of it.
 """
 
 from __future__ import annotations
@@ -207,7 +207,9 @@ class Cycle(Relay):
         self._abort(ShuttingDown())
 
     def _client_left(self) -> None:
-        if self.resumable is not None and self.resumable.reader_left():
+        # In the request's context: the server may tell from a callback of its own.
+        resumable = self.resumable
+        if resumable is not None and self.timer_context.run(resumable.reader_left):
             return
         self._abort(Outcome.CLIENT_DISCONNECTED)
 
@@ -215,8 +217,7 @@ class Cycle(Relay):
         if self.reason is None and self.running and self.phase is not DONE:
             self.reason = reason
             self.aborted_at = monotonic()
-            offer = _offer(self.scope)
-            stop = None if offer is None else offer.get("stop")
+            stop = (_offer(self.scope) or {}).get("stop")
             if stop is not None:
                 stop()  # the app's upstream closed now, not once the cancellation reaches it
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
@@ -314,9 +315,8 @@ class Cycle(Relay):
     # -- the one timer ---------------------------------------------------------------------------
 
     def _arm(self, when: float) -> None:
-        # The cycle's clock is time.monotonic: uvloop's loop.time() moves in whole milliseconds,
-        # too coarse for TTFT and inter-token gaps. The timer only needs to be on time to a
-        # millisecond or two (`timers.SLACK`).
+        # `when` on the cycle's clock, time.monotonic: uvloop's loop.time() moves in whole
+        # milliseconds, too coarse for TTFT and inter-token gaps (see `timers.SLACK`).
         self.timers.arm(self, when)
 
     def _rearm(self, now: float) -> None:
