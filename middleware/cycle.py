@@ -3,21 +3,22 @@
 The rules are the guard's (see `guard.py`); `Cycle` runs them for one request. Per chunk
 (`relay.Relay`, its base) it stores the clock, scans for the first token until it has come,
 advances the O(1) SSE line state, and hands the chunk to the server: nothing else. The
-client side (request body, disconnect watcher) is `receiver.Receiver`; what is due when is
-`deadlines`; the response's progress is a `phases.Phase`. Telemetry, when on, runs the
-request with a subclass of this one (`middleware.telemetry.observed`): this module knows
-nothing of it.
+client side (request body, hearing the client leave) is `receiver.Receiver`; what is due
+when is `deadlines`, the timer `timers`; the response's progress is a `phases.Phase`.
+Telemetry, when on, runs the request with a subclass of this one
+(`middleware.telemetry.observed`): this module knows nothing of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Protocol
 
-from middleware import usage
+from middleware import timers, usage
 from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
 from middleware.dialects import select
 from middleware.errors import (
@@ -39,7 +40,6 @@ from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("sidestream")
 
-TIMER_SLACK = 0.002  # seconds a deadline may fire late (uvloop's timers count whole ms)
 HEADERS, DONE = Phase.HEADERS, Phase.DONE
 EXPIRED: dict[Expiry, type[StreamError]] = {
     Expiry.MAX_DURATION: MaxDuration,
@@ -108,15 +108,19 @@ class Cycle(Relay):
         "stopped_at",
         "streaming",
         "task",
-        "timer",
+        "timer_context",
+        "timer_due",
+        "timer_slot",
+        "timers",
     )
 
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
         self.settings = settings
         self.scope = scope
-        server_nowait = _swap_nowait(scope, self.send_nowait)
+        receiver = Receiver(receive, self._client_left)
+        server_nowait = _take_offer(scope, self.send_nowait, receiver)
         self.started = now = monotonic()
-        super().__init__(Receiver(receive, self._client_left), send, server_nowait, now)
+        super().__init__(receiver, send, server_nowait, now)
         self.loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None, "StreamGuard runs inside a task"
@@ -124,7 +128,10 @@ class Cycle(Relay):
         self.running = False  # the app is running and may be cancelled
         self.streaming = False  # a guarded stream: SSE or another configured type
         self.sse = False
-        self.timer: asyncio.TimerHandle | None = None
+        # The one timer: a place in this loop's heap of waiting cycles (`middleware.timers`).
+        self.timers = timers.for_loop(self.loop)
+        self.timer_slot = timers.NOT_ARMED
+        self.timer_due = 0.0
         self.outcome = Outcome.COMPLETED
         self.cancelled_task = False
         # Read once at the request's end (telemetry, the access line).
@@ -140,6 +147,9 @@ class Cycle(Relay):
         settings, task = self.settings, self.task
         settings.registry.add(self)
         base = task.cancelling()
+        # The timer's callbacks run in the request's context as it is now (telemetry's span
+        # current), as a loop timer armed here would.
+        self.timer_context = contextvars.copy_context()
         self._arm(next_deadline(settings.timeouts, self, self.started))
         error: StreamError | None = None
         self.running = True
@@ -171,8 +181,9 @@ class Cycle(Relay):
         reason = self.reason
         if isinstance(reason, StreamError):
             error = reason
-        elif reason is not None:
-            self.outcome = reason
+        elif reason is not None:  # what the app raised on its way out (its upstream stopped)
+            self.outcome = reason  # follows from the stop, and is not the stream's outcome
+            error = None
         if error is not None:
             self.outcome = error.outcome
             self.error = error
@@ -196,7 +207,9 @@ class Cycle(Relay):
         self._abort(ShuttingDown())
 
     def _client_left(self) -> None:
-        if self.resumable is not None and self.resumable.reader_left():
+        # In the request's context: the server may tell from a callback of its own.
+        resumable = self.resumable
+        if resumable is not None and self.timer_context.run(resumable.reader_left):
             return
         self._abort(Outcome.CLIENT_DISCONNECTED)
 
@@ -204,6 +217,9 @@ class Cycle(Relay):
         if self.reason is None and self.running and self.phase is not DONE:
             self.reason = reason
             self.aborted_at = monotonic()
+            stop = (_offer(self.scope) or {}).get("stop")
+            if stop is not None:
+                stop()  # the app's upstream closed now, not once the cancellation reaches it
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
             self.loop.call_soon(self._cancel_app)
 
@@ -213,9 +229,7 @@ class Cycle(Relay):
             self.task.cancel()
 
     def _stop_helpers(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.timers.disarm(self)
         self.receiver.stop()
         if self.keepalive is not None and self.reason is Outcome.SLOW_CLIENT:
             self.keepalive.cancel()
@@ -271,9 +285,7 @@ class Cycle(Relay):
         kind = guarded(headers, status, self.scope.get("method"), self.settings.content_types)
         if kind is None:
             self._enter(Phase.PLAIN)
-            if self.timer is not None:  # a plain response: no deadlines once it has begun
-                self.timer.cancel()
-                self.timer = None
+            self.timers.disarm(self)  # a plain response: no deadlines once it has begun
             await self.downstream(message)
             return
         media, encoding = kind
@@ -303,20 +315,15 @@ class Cycle(Relay):
     # -- the one timer ---------------------------------------------------------------------------
 
     def _arm(self, when: float) -> None:
-        # The cycle's clock is time.monotonic: uvloop's loop.time() moves in whole milliseconds,
-        # too coarse for TTFT and inter-token gaps. The timer only needs to be on time to a
-        # millisecond or two; the slack keeps uvloop's rounding from firing it just early.
-        self.timer = self.loop.call_later(
-            max(0.0, when - monotonic()) + TIMER_SLACK, self._on_timer
-        )
+        # `when` on the cycle's clock, time.monotonic: uvloop's loop.time() moves in whole
+        # milliseconds, too coarse for TTFT and inter-token gaps (see `timers.SLACK`).
+        self.timers.arm(self, when)
 
     def _rearm(self, now: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         self._arm(next_deadline(self.settings.timeouts, self, now))
 
-    def _on_timer(self) -> None:
-        self.timer = None
+    def on_timer(self) -> None:
+        """The timer fired (`middleware.timers`): whatever is due, then the next deadline."""
         if not self.running or self.phase is DONE or self.reason is not None:
             return
         timeouts, now = self.settings.timeouts, monotonic()
@@ -338,7 +345,7 @@ def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
     """The client accepted nothing for send_timeout: close its connection (through the
     server's `abort`, where offered, so the server logs no incomplete response) and say so
     once."""
-    offer = (scope.get("extensions") or {}).get(SEND_NOWAIT)
+    offer = _offer(scope)
     if offer is not None and "abort" in offer:
         offer["abort"]()
     client = scope.get("client")
@@ -349,15 +356,25 @@ def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
     )
 
 
-def _swap_nowait(scope: Scope, ours: SendNowait) -> SendNowait | None:
+def _offer(scope: Scope) -> dict[str, Any] | None:
+    """The server's `SEND_NOWAIT` extension dict for this request, if it offers one."""
+    offer: dict[str, Any] | None = (scope.get("extensions") or {}).get(SEND_NOWAIT)
+    return offer
+
+
+def _take_offer(scope: Scope, ours: SendNowait, receiver: Receiver) -> SendNowait | None:
     """The server's synchronous body write, if it offers one; the app gets ours instead (our
     checks first, then the server's), never the server's own. Swapped in the extension's own
     dict rather than in a copy of the scope: a copy costs ~1 KB per open stream, and the
-    server never reads the function back."""
-    extensions = scope.get("extensions")
-    if not extensions or SEND_NOWAIT not in extensions:
+    server never reads the function back. Where the server offers to say when the client
+    leaves (`on_disconnect`, still free: an outer guard may have taken it), the receiver
+    takes it and needs no watcher task."""
+    offer = _offer(scope)
+    if offer is None:
         return None
-    offer = extensions[SEND_NOWAIT]
     server: SendNowait = offer["send"]
     offer["send"] = ours
+    if "on_disconnect" in offer and offer["on_disconnect"] is None:
+        offer["on_disconnect"] = receiver.left
+        receiver.told = True
     return server

@@ -10,9 +10,10 @@ Deliberate choices — do not "fix" these:
 - The inner app runs in the request's own task, and the guard cancels that task itself
   (then uncancels it, as `asyncio.timeout` does) to stop the app on a disconnect or a timeout.
   No extra task per request, and leaving the app's upstream context closes the upstream.
-- One lazy timer per stream (`loop.call_at`) serves every deadline: a chunk only stores the
-  clock; the timer, when it fires, asks `deadlines` what is due and re-arms itself. No timer
-  object is created per chunk.
+- One lazy timer per stream serves every deadline: a chunk only stores the clock; the timer,
+  when it fires, asks `deadlines` what is due and re-arms itself. No timer object is created
+  per chunk, nor per stream: the streams' timers are places in one heap per event loop
+  under one loop timer (`middleware.timers`), as thousands of idle streams wait at once.
 - Keep-alives are written by a short task started by that timer, never concurrently with the
   app's own write (the app's `send` waits for it): one writer at a time.
 - The timer never interrupts an upstream read: cancelling an httpcore read closes its
@@ -25,7 +26,7 @@ Deliberate choices — do not "fix" these:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from middleware.cycle import Cycle, Resumer, Settings
@@ -114,17 +115,21 @@ class StreamGuard:
             telemetry.watch(self.registry)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
+
+    def handle(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """`__call__` without a coroutine of its own: the awaitable that serves this request.
+        A server told that its app is ASGI 3 can serve this method (the sidecar's uvicorn
+        does): every open stream then holds one coroutine frame less. Call it in the
+        request's task, as a server calls its app."""
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+            return self.app(scope, receive, send)
         if self.resume is not None and (responder := self.resume.route(scope)) is not None:
-            await responder(scope, receive, send)  # answered from the store, never forwarded
-            return
+            return responder(scope, receive, send)  # answered from the store, never forwarded
         registry = self.registry
         cycle = self.cycle_class(self.settings, scope, receive, send)
         if registry.draining:
-            await cycle.refuse(Draining())
-        elif self.max_streams is not None and len(registry) >= self.max_streams:
-            await cycle.refuse(TooManyStreams())
-        else:
-            await cycle.run()
+            return cycle.refuse(Draining())
+        if self.max_streams is not None and len(registry) >= self.max_streams:
+            return cycle.refuse(TooManyStreams())
+        return cycle.run()

@@ -19,6 +19,13 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # The same dict may hold `"abort": g`: `g()` closes the connection at once and marks the
 # response abandoned, so that the server does not log an app that "returned without completing
 # the response" (the guard drops a slow client this way, with a line of its own).
+# It may hold `"on_disconnect": None`: a slot for one listener, `h()`, that the server calls
+# once, synchronously, from its connection-lost callback when the client leaves before the
+# response is complete (the guard sets it, and then needs no task reading `receive()` to
+# hear the client leave; a guard inside another finds it taken and reads `receive()`).
+# The app may put `"stop": k` there: the guard calls `k()` the moment it stops the stream
+# (client gone, a timeout, drain), before cancelling the app's task, so that the app's
+# upstream is closed in the same loop turn (the proxy closes its HTTP/1.1 connection).
 SEND_NOWAIT = "sidestream.send_nowait"
 SendNowait = Callable[[bytes], bool]
 Abort = Callable[[], None]

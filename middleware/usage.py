@@ -49,13 +49,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+# One decoder: `json.loads` with a hook makes a decoder per call, a reference cycle that
+# waits for the cyclic collector.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+
+
 def rewrite(body: bytes, mode: str) -> bytes | None:
     """The request body with usage asked for, or None to forward `body` unchanged (not a
     streaming JSON object, malformed, or the client asked for usage itself)."""
     if len(body) > BODY_LIMIT:
         return None
     try:
-        obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        obj = _DECODER.decode(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or obj.get("stream") is not True:
@@ -75,12 +80,20 @@ def rewrite(body: bytes, mode: str) -> bytes | None:
 
 
 def _with_length(scope: Scope, length: int) -> None:
-    """Set the request's Content-Length to the rewritten body's (when it had one)."""
+    """Set the request's Content-Length to the rewritten body's (when it had one): in the
+    server's list, where it is one (a copy would keep both for as long as the stream runs:
+    the server holds on to its own)."""
     headers = scope.get("headers") or []
-    if any(name == b"content-length" for name, _ in headers):
+    if not any(name == b"content-length" for name, _ in headers):
+        return
+    value = str(length).encode()
+    if isinstance(headers, list):
+        for i, (name, _) in enumerate(headers):
+            if name == b"content-length":
+                headers[i] = (name, value)
+    else:
         scope["headers"] = [
-            (name, str(length).encode() if name == b"content-length" else value)
-            for name, value in headers
+            (name, value if name == b"content-length" else old) for name, old in headers
         ]
 
 
@@ -102,31 +115,43 @@ async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, Hid
         message = await receive()
         read.append(message)
         if message["type"] != "http.request":
-            return _replay(read, receive), None  # gone before its body was in
+            return _Replay(read, receive), None  # gone before its body was in
         size += len(message.get("body", b""))
         if size > BODY_LIMIT:
-            return _replay(read, receive), None
+            return _Replay(read, receive), None
         if not message.get("more_body", False):
             break
     body = b"".join(m.get("body", b"") for m in read)
     rewritten = rewrite(body, mode)
     if rewritten is None:
-        return _replay(read, receive), None
+        return _Replay(read, receive), None
     _with_length(scope, len(rewritten))
     message = {"type": "http.request", "body": rewritten, "more_body": False}
-    return _replay([message], receive), HideUsage(continuous=mode == "continuous")
+    return _Replay([message], receive), _HIDE[mode == "continuous"]
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A receive that returns `messages`, then whatever `receive` returns."""
-    pending = list(messages)
+class _Replay:
+    """A receive that returns `messages` (the list is taken), then whatever `receive`
+    returns. An object with two slots rather than a closure (a function, its cells and a
+    list): the app keeps it for as long as the stream runs."""
 
-    async def replay() -> Message:
+    __slots__ = ("pending", "receive")
+
+    def __init__(self, messages: list[Message], receive: Receive) -> None:
+        self.pending: list[Message] | None = messages
+        self.receive = receive
+
+    async def __call__(self) -> Message:
+        pending = self.pending
         if pending:
-            return pending.pop(0)
-        return await receive()
+            message = pending.pop(0)
+            if not pending:
+                self.pending = None
+            return message
+        return await self.receive()
 
-    return replay
+
+_ENDS = frozenset(b"}El")  # `HideUsage.ends`, one set for every stream
 
 
 class HideUsage:
@@ -143,13 +168,17 @@ class HideUsage:
         # `"usage":null` ends its chunk (`l`); vLLM's continuous usage ends each chunk (`}`).
         # A token chunk ends `]}` (its choices) or in a field of the server's own: the relay
         # does not call for those (`Edit.ends`).
-        self.ends = frozenset(b"}El")
+        self.ends = _ENDS
 
     def __call__(self, body: bytes) -> bytes:
         return _hide(body, self.continuous)
 
     def undo(self) -> None:
         """Nothing to forget: each chunk is edited on its own."""
+
+
+# The edit each stream gets: it keeps no state of its own, so one of each kind serves all.
+_HIDE = (HideUsage(continuous=False), HideUsage(continuous=True))
 
 
 def _hide(body: bytes, continuous: bool) -> bytes:

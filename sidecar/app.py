@@ -158,7 +158,7 @@ class Sidecar:
         if s.http2:
             traffic = HypercornListener(self.guard, s)
         else:
-            traffic = traffic_server(self.guard, s, internals=internals)
+            traffic = traffic_server(self.guard.handle, s, internals=internals)
         self.servers = [traffic]
         if "admin-listen" in sockets:
             self.servers.append(admin_server(self.admin, s, internals=internals))

@@ -8,7 +8,10 @@ When the server offers the `SEND_NOWAIT` extension (the sidecar's HTTP/1.1 liste
 StreamGuard), an HTTP/1.1 upstream read is written to the client from the upstream
 protocol's callback, without waking this request's task.
 Whatever it refuses (a slow client, a keep-alive being written, the guard's own cases)
-comes out of the body iterator and takes the `send` path above, in order.
+comes out of the body iterator and takes the `send` path above, in order. The proxy also
+puts its HTTP/1.1 connection's close there as the extension's `stop`: when the guard stops
+the stream, the upstream sees the close in that loop turn, before the cancellation reaches
+this task (which then leaves the exchange as usual).
 
 Deliberate surprises (do not "fix"):
 - Upstream failures are raised, not answered: the HTTP/1.1 pool raises `middleware.errors`
@@ -24,10 +27,9 @@ Deliberate surprises (do not "fix"):
 
 from __future__ import annotations
 
-import contextlib
 import json
+import types
 import urllib.parse
-from collections.abc import Iterator
 
 import httpcore
 
@@ -39,7 +41,7 @@ from sidecar.upstream.errors import UpstreamTimeout
 from sidecar.upstream.h1 import Body as H1Body
 from sidecar.upstream.pools import make_pool
 from sidecar.upstream.tls import UpstreamTLS
-from sidecar.upstream.types import Pool, Upstream
+from sidecar.upstream.types import Exchange, Pool, Upstream
 
 MiB = 1024 * 1024
 
@@ -55,23 +57,38 @@ class ClientDisconnected(Exception):
     """The client went away before its request body was complete."""
 
 
-@contextlib.contextmanager
-def map_exceptions() -> Iterator[None]:
-    """Translate httpcore's exceptions (the h2c pool) into the `middleware.errors` hierarchy."""
-    try:
-        yield
-    except httpcore.ConnectTimeout as exc:
-        raise UpstreamTimeout(f"timed out connecting to the upstream: {exc}") from exc
-    except httpcore.ConnectError as exc:
-        raise UpstreamConnectError(f"could not connect to the upstream: {exc}") from exc
-    except (
-        httpcore.ProtocolError,
-        httpcore.NetworkError,
-        httpcore.TimeoutException,
-        httpcore.ConnectionNotAvailable,
-    ) as exc:
-        detail = str(exc) or type(exc).__name__
-        raise UpstreamProtocolError(f"the upstream broke the HTTP exchange: {detail}") from exc
+class MapExceptions:
+    """`with map_exceptions:` translates httpcore's exceptions (the h2c pool) into the
+    `middleware.errors` hierarchy. One stateless object, not a generator context manager:
+    a stream would hold the generator and its frame for as long as it is open."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        if isinstance(exc, httpcore.ConnectTimeout):
+            raise UpstreamTimeout(f"timed out connecting to the upstream: {exc}") from exc
+        if isinstance(exc, httpcore.ConnectError):
+            raise UpstreamConnectError(f"could not connect to the upstream: {exc}") from exc
+        if isinstance(
+            exc,
+            httpcore.ProtocolError
+            | httpcore.NetworkError
+            | httpcore.TimeoutException
+            | httpcore.ConnectionNotAvailable,
+        ):
+            detail = str(exc) or type(exc).__name__
+            raise UpstreamProtocolError(f"the upstream broke the HTTP exchange: {detail}") from exc
+
+
+map_exceptions = MapExceptions()
 
 
 class RequestBody:
@@ -167,26 +184,64 @@ class ProxyApp:
         if scope["type"] != "http":
             await self._not_http(scope, receive, send)
             return
-        # The HTTP path is written out here, not in a method: a stream is resumed once per
-        # token through every coroutine level above the upstream read.
+        # The relay is written out here, not in a method: a stream is resumed once per token
+        # through every coroutine level above the upstream read. What only the request's
+        # start needs (the upstream's headers, the body iterator) lives in `_exchange`'s frame
+        # and is gone once the exchange is made, not held while the stream is open.
+        exchange = await self._exchange(scope, receive, send)
+        if exchange is None:
+            return  # refused and answered here
+        offer = scope.get("extensions", {}).get(SEND_NOWAIT)
+        try:
+            with map_exceptions:
+                async with exchange as response:
+                    body = response.body
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status,
+                            "headers": rules.response_headers(response.headers),
+                        }
+                    )
+                    del response  # its headers are sent: not held while the stream is open
+                    if offer is not None and isinstance(body, H1Body):
+                        offer["stop"] = body.stop  # closed the moment the guard stops
+                        body.push_to(offer["send"])
+                    async for chunk in body:
+                        if chunk:
+                            await send(
+                                {"type": "http.response.body", "body": chunk, "more_body": True}
+                            )
+                        del chunk  # nor the last chunk while the stream idles
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if offer is not None:
+                    offer.pop("stop", None)  # the connection may serve another request now
+        except BodyTooLarge:
+            await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
+        except ClientDisconnected:
+            return
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> Exchange | None:
+        """The upstream exchange for this request, or None when the proxy refused it itself
+        (405, 431, 400, 413: answered here, the upstream never contacted)."""
         method: str = scope["method"]
         if method in _REFUSED_METHODS:
             allow = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")]
             await _refuse(send, 405, "method_not_allowed", f"{method} is not proxied", allow)
-            return
+            return None
         client_headers: list[tuple[bytes, bytes]] = scope["headers"]
         if rules.header_bytes(client_headers) > self.max_header_bytes:
             message = f"request headers exceed {self.max_header_bytes} bytes"
             await _refuse(send, 431, "request_header_fields_too_large", message, _CLOSE)
-            return
+            return None
         problem = rules.request_problem(client_headers, scope.get("http_version", "1.1"))
         if problem is not None:
             await _refuse(send, 400, "bad_request", f"refused: {problem}", _CLOSE)
-            return
+            return None
         declared = rules.content_length(client_headers)
         if self.max_body is not None and declared is not None and declared > self.max_body:
             await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
-            return
+            return None
 
         client = scope.get("client")
         upstream_headers = rules.request_headers(
@@ -197,33 +252,10 @@ class ProxyApp:
         )
         inject_trace_context(upstream_headers)
         body = await self._body(client_headers, declared, receive, upstream_headers)
-        offer = scope.get("extensions", {}).get(SEND_NOWAIT)
-        nowait = offer["send"] if offer is not None else None
-        try:
-            with map_exceptions():
-                exchange = self.pool.exchange(
-                    method.encode("ascii"), _target(scope), upstream_headers, body
-                )
-                async with exchange as response:
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status,
-                            "headers": rules.response_headers(response.headers),
-                        }
-                    )
-                    if nowait is not None and isinstance(response.body, H1Body):
-                        response.body.push_to(nowait)
-                    async for chunk in response.body:
-                        if chunk:
-                            await send(
-                                {"type": "http.response.body", "body": chunk, "more_body": True}
-                            )
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except BodyTooLarge:
-            await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
-        except ClientDisconnected:
-            return
+        with map_exceptions:
+            return self.pool.exchange(
+                method.encode("ascii"), _target(scope), upstream_headers, body
+            )
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

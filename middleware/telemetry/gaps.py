@@ -37,6 +37,9 @@ _SPEC_OF = [bisect.bisect_left(semconv.DURATION_BUCKETS, b) for b in [*BOUNDS, m
 _SPEC_BOUNDS = list(semconv.DURATION_BUCKETS)
 
 
+_NO_COUNTS: dict[int, int] = {}  # `Gaps.counts` before a fold: never written to
+
+
 class Gaps:
     """Time between consecutive content-carrying chunks of one stream, in seconds.
 
@@ -56,7 +59,9 @@ class Gaps:
 
     def __init__(self) -> None:
         self.times: list[float] = []  # chunk times not folded yet
-        self.counts: dict[int, int] = {}  # bucket index -> gaps, the non-empty buckets
+        # Bucket index -> gaps, the non-empty buckets; one shared empty dict until a first
+        # fold (most streams never fold: see `seal`).
+        self.counts: dict[int, int] = _NO_COUNTS
         self.count = 0
         self.total = 0.0
         self.max = 0.0
@@ -126,6 +131,8 @@ class Gaps:
         one step per non-empty bucket (a stream's gaps fill a few), each a bisect for the
         run's end, instead of a search per gap."""
         counts, top, n = self.counts, len(BOUNDS), len(gaps)
+        if counts is _NO_COUNTS:
+            counts = self.counts = {}
         start = 0
         while start < n:
             index = _bucket_of(gaps[start])

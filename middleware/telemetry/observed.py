@@ -59,13 +59,16 @@ class ObservedCycle(Cycle):
         # `stats` already, or counted by `stream_stats`): the rest are the token path's.
         self.times_counted = 0
 
-    async def run(self) -> None:
-        """Run the request with its span current, then finish the record."""
-        await self._observed(super().run())
+    # `run` and `refuse` hand back `_observed`'s coroutine rather than awaiting it in one of
+    # their own: one coroutine frame less for every open stream to hold.
 
-    async def refuse(self, error: StreamError) -> None:
+    def run(self) -> Coroutine[Any, Any, None]:
+        """Run the request with its span current, then finish the record."""
+        return self._observed(super().run())
+
+    def refuse(self, error: StreamError) -> Coroutine[Any, Any, None]:
         """A request refused at admission is reported too (its outcome, the 503)."""
-        await self._observed(super().refuse(error))
+        return self._observed(super().refuse(error))
 
     async def _observed(self, work: Coroutine[Any, Any, None]) -> None:
         record = self.record

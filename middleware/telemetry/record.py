@@ -79,7 +79,7 @@ class StreamRecord:
         self.agent = agent
         self._request_id = request_id  # the log line's, made there when the client sent none
         self.request: dict[str, Any] = {}
-        self._body = bytearray()
+        self._body: bytes | bytearray = bytearray()
         self._body_done = False
         self._truncated = False
         self.gaps = Gaps()
@@ -136,23 +136,21 @@ class StreamRecord:
     def tap(self, receive: Receive) -> Receive:
         """`receive` that also keeps up to BODY_CAP bytes of the request body, to parse once
         (on GenAI paths, for the request's model and parameters)."""
+        return _Tapped(self, receive)
 
-        async def tapped() -> Message:
-            message = await receive()
-            if not self._body_done and message["type"] == "http.request":
-                chunk: bytes = message.get("body", b"")
-                room = BODY_CAP - len(self._body)
-                if len(chunk) > room:
-                    self._truncated = True
-                if chunk and room > 0:
-                    self._body += chunk[:room]
-                if not message.get("more_body", False):
-                    self._body_done = True
-                    self.request = request_attributes(bytes(self._body), not self._truncated)
-                    self._body = bytearray()  # the prompt is not kept
-            return message
-
-        return tapped
+    def _took(self, message: Message) -> None:
+        """A message the tapped `receive` returned."""
+        if not self._body_done and message["type"] == "http.request":
+            chunk: bytes = message.get("body", b"")
+            room = BODY_CAP - len(self._body)
+            if len(chunk) > room:
+                self._truncated = True
+            if chunk and room > 0:
+                self._body += chunk[:room]
+            if not message.get("more_body", False):
+                self._body_done = True
+                self.request = request_attributes(bytes(self._body), not self._truncated)
+                self._body = b""  # the prompt is not kept
 
     # -- per content-carrying chunk ---------------------------------------------------------
 
@@ -180,3 +178,19 @@ class StreamRecord:
     def ns(self, at: float) -> int:
         """A reading of the cycle's (monotonic) clock as wall-clock nanoseconds."""
         return self.t0_ns + round((at - self.t0) * 1e9)
+
+
+class _Tapped:
+    """`StreamRecord.tap`'s receive: an object of two slots rather than a closure (a
+    function and its cells), as the stream holds it for as long as it runs."""
+
+    __slots__ = ("receive", "record")
+
+    def __init__(self, record: StreamRecord, receive: Receive) -> None:
+        self.record = record
+        self.receive = receive
+
+    async def __call__(self) -> Message:
+        message = await self.receive()
+        self.record._took(message)
+        return message

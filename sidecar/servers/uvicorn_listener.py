@@ -51,12 +51,15 @@ def traffic_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
 
 
 def traffic_server(app: Any, settings: Settings, *, internals: bool) -> QuietServer:
-    """uvicorn serving `app` on the traffic port, with TLS when configured."""
+    """uvicorn serving `app` on the traffic port, with TLS when configured. `app` is served
+    as an ASGI 3 callable without uvicorn's guess: a plain function that returns the
+    request's awaitable will do (`StreamGuard.handle`, one coroutine frame less per stream)."""
     config = _config(
         app,
         settings,
         settings.listen,
         backlog=4096,
+        interface="asgi3",
         http=traffic_protocol(settings) if internals else "httptools",
         ssl_certfile=settings.certfile,
         ssl_keyfile=settings.keyfile,

@@ -288,6 +288,11 @@ class Body:
         what it takes never comes out of this iterator; what it refuses does, as usual."""
         self._conn.sink = sink
 
+    def stop(self) -> None:
+        """Close the connection now, before the consumer leaves the exchange (the guard's
+        `stop`): what it reads next is an error, and the connection is never reused."""
+        self._conn.abort()
+
     def __anext__(self) -> asyncio.Future[bytes]:
         # A Future, not a coroutine: the connection settles it with the chunk itself, so a
         # token costs no coroutine frame here and no second look at the connection.

@@ -169,7 +169,11 @@ class H1Exchange:
         except BaseException:
             conn.abort()
             raise
-        return Response(conn.status, conn.headers, Body(conn))
+        # Sent whole, so not needed again: not held while the response streams, nor are the
+        # response's headers (the Response has them; the proxy drops it once they are sent).
+        self._head, self._body = b"", None
+        headers, conn.headers = conn.headers, []
+        return Response(conn.status, headers, Body(conn))
 
     async def __aexit__(
         self,

@@ -208,6 +208,42 @@ async def test_max_streams_sheds_load_with_retry_after() -> None:
         await first
 
 
+async def test_handle_serves_as_call_does_with_no_coroutine_of_its_own() -> None:
+    """`StreamGuard.handle` (what the sidecar's uvicorn serves) returns the awaitable that
+    serves the request, not a coroutine of its own: a stream, a lifespan scope passed through
+    and a refusal come out as they do through `__call__`."""
+    script = [(0, ROLE), (0, chunk("hi")), (0, DONE)]
+    guard = StreamGuard(scripted(script), max_streams=1)
+
+    async def handled(scope: Scope = SCOPE) -> list[Message]:
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            served = guard.handle(scope, receive, send)
+            code = getattr(served, "cr_code", None)  # the request's own coroutine, if one
+            assert code is None or code.co_name not in ("handle", "__call__")
+            await served
+
+        return await run(app, scope)
+
+    assert body_of(await handled()) == body_of(await run(guard))
+    seen: list[Scope] = []
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope)
+
+    async def receive() -> Message:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    lifespan = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    await StreamGuard(inner).handle(lifespan, receive, send)
+    assert seen == [lifespan]
+    guard.registry.draining = True
+    sent = await handled()
+    assert sent[0]["status"] == 503
+
+
 def test_bad_timeout_values_are_refused() -> None:
     """A zero or negative timeout is a configuration error, said at construction."""
     with pytest.raises(ValueError, match="idle_timeout"):

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
-from middleware.types import Message
+from middleware.types import SEND_NOWAIT, Message
 from sidecar.proxy import ProxyApp
 from sidecar.upstream.h1pool import H1Pool
 from sidecar.upstream.types import Upstream
@@ -570,6 +570,47 @@ async def test_cancelling_the_request_closes_the_upstream_connection_at_once(whe
         await app.aclose()
     assert eof_at is not None
     assert eof_at - cancelled_at < 0.05
+
+
+async def test_the_proxys_stop_closes_the_upstream_connection_without_its_task() -> None:
+    """Given the `SEND_NOWAIT` extension, the proxy puts its HTTP/1.1 connection's close there
+    as `stop` once the response has begun: calling it closes the upstream connection while
+    the proxy's task is stuck elsewhere (here in a `send` that never returns), and the
+    connection is not pooled."""
+
+    async def handler(conn: RawConnection) -> None:
+        await conn.read_head()
+        conn.writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n"
+        )
+        await conn.wait_eof()  # then silent
+
+    stuck = asyncio.Event()
+    offer: dict[str, Any] = {"send": lambda body: False}
+    scope = {**asgi_get("/"), "extensions": {SEND_NOWAIT: offer}}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            stuck.set()
+            await asyncio.Event().wait()  # a client that takes nothing
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async with RawUpstream(handler).running() as raw:
+        app = ProxyApp(Upstream.parse(f"http://127.0.0.1:{raw.port}"))
+        task = asyncio.create_task(app(scope, receive, send))
+        await asyncio.wait_for(stuck.wait(), 5)
+        offer["stop"]()
+        await asyncio.wait_for(raw.connections[0].eof.wait(), 1)
+        assert not task.done()  # still in its send: the close did not wait for it
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert isinstance(app.pool, H1Pool)
+        assert app.pool.idle_count == 0
+        await app.aclose()
 
 
 def asgi_get(path: str) -> dict[str, Any]:

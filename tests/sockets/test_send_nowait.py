@@ -292,6 +292,36 @@ async def test_server_nowait_refuses_after_the_client_left() -> None:
     assert after == [False]
 
 
+async def _idle_stream_tasks(server: str) -> int:
+    """Tasks alive (beyond the servers' own) while one stream through the sidecar's app is
+    idle; fails unless the client's close then ends the stream upstream."""
+    stats = Stats()
+    async with serve(make_app(stats=stats)) as upstream:
+        settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+        async with serve(build_guard(settings, StreamRegistry()), server) as port:  # type: ignore[arg-type]
+            baseline = len(asyncio.all_tasks())
+            body = chat(tokens=1000, itl_ms=60_000)  # the first token, then a minute of silence
+            response = await request(port, "POST", "/v1/chat/completions", body=body)
+            assert await asyncio.wait_for(response.chunk(), 5) is not None
+            await asyncio.sleep(0.05)
+            tasks = len(asyncio.all_tasks()) - baseline
+            response.close()
+            for _ in range(500):
+                if stats.streams_cancelled:
+                    break
+                await asyncio.sleep(0.01)
+    assert stats.streams_cancelled == 1, server
+    return tasks
+
+
+async def test_the_sidecars_server_tells_the_guard_of_a_disconnect() -> None:
+    """Through the sidecar's server the guard takes the extension's `on_disconnect`: an idle
+    stream keeps one task fewer than through uvicorn's own server (no extension), where the
+    guard reads `receive()` with a watcher task; a client's close ends the upstream stream
+    through either."""
+    assert await _idle_stream_tasks("sidecar") == await _idle_stream_tasks("uvicorn-httptools") - 1
+
+
 async def test_head_requests_get_no_nowait() -> None:
     """A HEAD response has no body to write, so the server does not offer the extension."""
     seen: list[Scope] = []

@@ -74,7 +74,7 @@ async def serve(
     default_http: Any = {"uvicorn-httptools": "httptools", "uvicorn-h11": "h11"}.get(server)
     if server == "sidecar":  # uvicorn with the sidecar's protocol and defaults, as it runs them
         default_http = traffic_protocol(load(["--upstream", "http://127.0.0.1:1"], environ={}))
-        options = {"server_header": False, "date_header": False, **options}
+        options = {"server_header": False, "date_header": False, "proxy_headers": False, **options}
     http = options.pop("http", default_http)
     uv_config = uvicorn.Config(
         app, http=http, lifespan="auto", log_level="warning", timeout_graceful_shutdown=1, **options
