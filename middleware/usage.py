@@ -183,11 +183,13 @@ _HIDE = (HideUsage(continuous=False), HideUsage(continuous=True))
 
 def _hide(body: bytes, continuous: bool) -> bytes:
     body = body.replace(b',"usage":null', b"")
-    if continuous and b'"choices":[]' not in body:
+    # `find`, not `in`: a bytes needle in `in` is first tried as an integer inside CPython,
+    # which raises and clears a TypeError each time.
+    if continuous and body.find(b'"choices":[]') < 0:
         # A token chunk with vLLM's flat usage object after its choices: cut it out as
         # text (a JSON round trip per token costs ten times as much).
         body = _FLAT_USAGE.sub(b"", body)
-    if b'"usage"' not in body:
+    if body.find(b'"usage"') < 0:
         return body
     parts = body.split(b"\n\n")
     kept = [part for part in parts[:-1] if not _usage_only(part)]
@@ -199,7 +201,7 @@ def _hide(body: bytes, continuous: bool) -> bytes:
 
 
 def _event_json(part: bytes) -> dict[str, Any] | None:
-    if not part.startswith(b"data: ") or b"\n" in part:
+    if not part.startswith(b"data: ") or 10 in part:
         return None
     try:
         obj = json.loads(part[6:])
@@ -210,7 +212,7 @@ def _event_json(part: bytes) -> dict[str, Any] | None:
 
 def _usage_only(part: bytes) -> bool:
     """One whole `data:` event whose JSON is the usage chunk: no choices, a usage object."""
-    if b'"usage"' not in part:
+    if part.find(b'"usage"') < 0:
         return False
     obj = _event_json(part)
     return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
@@ -218,7 +220,7 @@ def _usage_only(part: bytes) -> bool:
 
 def _without_usage(part: bytes) -> bytes:
     """A continuous-usage chunk without its `usage` field (the client did not ask)."""
-    if b'"usage"' not in part:
+    if part.find(b'"usage"') < 0:
         return part
     obj = _event_json(part)
     if obj is None or "usage" not in obj:

@@ -102,10 +102,10 @@ class Stamper:
                 return out
             if (
                 body.endswith(b"\n\n")
-                and b"\n\n\n" not in body
+                and body.find(b"\n\n\n") < 0  # `find`: `in` tries an int needle first
                 and not body.startswith((b":", b"id", b"\n"))
-                and b"\nid" not in body
-                and b"\n:" not in body
+                and body.find(b"\nid") < 0
+                and body.find(b"\n:") < 0
             ):  # whole events, each with a field line first and no id of its own
                 events = body[:-2].split(b"\n\n")
                 suffix, log = self.suffix, self.log
