@@ -1,7 +1,7 @@
 """`python -m bench [--full]`: run every target through the scenarios, print the markdown report.
 
-Quick mode (`make bench`, under 3 minutes): one repetition, fewer cancel/connect samples,
-2,000 idle streams. Full mode (`make bench-full`, under 10 minutes): three repetitions and
+Quick mode (`make bench`, about 5 minutes): one repetition, fewer cancel/connect samples,
+2,000 idle streams. Full mode (`make bench-full`, about 13 minutes): three repetitions and
 idle at 2,000 and 9,000. Each repetition starts each target's processes afresh, in an order
 rotated by one per repetition. Then scenario a runs a few more times with telemetry off and
 on at the same time (`together`: 2 quick, 5 full), for the telemetry budget: in turns, the
@@ -154,7 +154,7 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--full", action="store_true", help="full mode (about 10 minutes)")
+    parser.add_argument("--full", action="store_true", help="full mode (about 13 minutes)")
     parser.add_argument("--reps", type=int, help="repetitions (default: 1 quick, 3 full)")
     parser.add_argument("--targets", help=f"comma-separated subset of {','.join(TARGETS)}")
     args = parser.parse_args(argv)
