@@ -135,9 +135,13 @@ class Relay(RelayCore):
             self.sending_since = None
 
     def _scan(self, body: bytes, now: float) -> None:
-        assert self.scanner is not None
+        scanner = self.scanner
+        assert scanner is not None
         dialect = self.dialect
-        for event in self.scanner.feed(body):
+        events = scanner.whole_events(body)
+        if events is None:
+            events = scanner.feed(body)
+        for event in events:
             if dialect is None:
                 dialect = self.dialect = sniff(event)
             if dialect.is_token(event):

@@ -175,6 +175,31 @@ class SSEScanner:
                 self._truncate()
         return self._lines(lines)
 
+    def whole_events(self, chunk: bytes) -> list[Event] | None:
+        """The events of `chunk` when it is whole one-line `data: ` events arriving at an event
+        boundary with nothing carried (the usual LLM chunk), taken without the line-by-line
+        scan, exactly as `feed` would take them; else None, and nothing is fed (call `feed`)."""
+        if (
+            self._state is not _E
+            or self._parts
+            or self._cr
+            or self._discard
+            or self._data
+            or self._event
+            or self._id is not None
+            or self._retry is not None
+            or len(chunk) > self.max_line
+            or not chunk.startswith(b"data: ")
+            or not chunk.endswith(b"\n\n")
+            or CR in chunk
+        ):
+            return None
+        parts = chunk[6:-2].split(b"\n\ndata: ")
+        if chunk.count(LF) != 2 * len(parts):  # a line of another field, a multi-line data
+            return None
+        self._start = False  # a BOM later in the stream is data, as in `feed`
+        return [Event("message", part.decode("utf-8", "replace"), None, None) for part in parts]
+
     def _truncate(self) -> None:
         """Cut the carried line to max_line bytes and drop the rest of it as it arrives."""
         self._parts = [b"".join(self._parts)[: self.max_line]]

@@ -53,8 +53,12 @@ def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
 def strip_hop_by_hop(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
     """Lower-cased headers without hop-by-hop ones and without those named in `Connection`."""
     pairs = [(name.lower(), value) for name, value in headers]
-    drop = HOP_BY_HOP | connection_tokens(pairs)
-    return [(name, value) for name, value in pairs if name not in drop]
+    drop = HOP_BY_HOP
+    for name, _ in pairs:
+        if name == b"connection":  # it names more to drop (most requests carry none)
+            drop = HOP_BY_HOP | connection_tokens(pairs)
+            break
+    return [pair for pair in pairs if pair[0] not in drop]
 
 
 def forwarded_for(existing: Iterable[bytes], client: str | None) -> bytes | None:
@@ -156,11 +160,16 @@ def request_headers(
     `X-Forwarded-For` (appending the peer), `X-Forwarded-Proto` and `X-Forwarded-Host`.
     `Content-Length` is kept; `Transfer-Encoding` is the caller's business.
     """
-    pairs = strip_hop_by_hop(headers)
-    prior_xff = [value for name, value in pairs if name == b"x-forwarded-for"]
-    client_host = next((value for name, value in pairs if name == b"host"), None)
     out = [(b"host", authority)]
-    out.extend((name, value) for name, value in pairs if name not in _REPLACED)
+    prior_xff: list[bytes] = []
+    client_host: bytes | None = None
+    for name, value in strip_hop_by_hop(headers):
+        if name not in _REPLACED:
+            out.append((name, value))
+        elif name == b"x-forwarded-for":
+            prior_xff.append(value)
+        elif name == b"host" and client_host is None:
+            client_host = value
     out.append((b"accept-encoding", b"identity"))
     xff = forwarded_for(prior_xff, client)
     if xff is not None:

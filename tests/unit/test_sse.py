@@ -375,3 +375,31 @@ def test_advance_matches_automaton(data: st.DataObject, stream: bytes) -> None:
     for chunk in chunks:
         state = advance(state, chunk)
     assert state == feed_all(chunks)[1].state == automaton(stream)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.lists(st.binary(max_size=12), max_size=4),
+    chunk=st.lists(
+        st.binary(max_size=10).map(lambda b: b"data: " + b.replace(b"\n", b"").replace(b"\r", b""))
+        | st.sampled_from([b"data: x", b"data: [DONE]", b": c", b"event: e", b"data:x"]),
+        min_size=1,
+        max_size=3,
+    ).map(lambda lines: b"\n\n".join(lines) + b"\n\n")
+    | st.binary(max_size=16),
+)
+def test_whole_events_are_what_feed_would_return(before: list[bytes], chunk: bytes) -> None:
+    """`whole_events` takes a chunk only when the scan would give the same events and leave
+    the same state, and then gives exactly those; otherwise it feeds nothing (None)."""
+    fast, slow = SSEScanner(), SSEScanner()
+    for piece in before:
+        fast.feed(piece)
+        slow.feed(piece)
+    events = fast.whole_events(chunk)
+    expected = slow.feed(chunk)
+    if events is None:
+        assert fast.feed(chunk) == expected
+    else:
+        assert events == expected
+    tail = b"data: after\n\n"
+    assert fast.feed(tail) == slow.feed(tail) and fast.state == slow.state
