@@ -130,7 +130,9 @@ async def test_100_concurrent_streams_on_one_connection_arrive_intact_and_interl
     first_end = min(s.arrivals[-1][0] for s in streams)
     assert all(s.arrivals[0][0] < first_end for s in streams)
     switches = sum(a != b for a, b in zip(client.data_order, client.data_order[1:], strict=False))
-    assert switches > 10 * len(streams)  # not one stream after another
+    # One stream after another makes about len(streams) switches; interleaved tokens make about
+    # one per frame (~1,300 here), fewer when a loaded machine batches a stream's frames.
+    assert switches > 5 * len(streams)
 
 
 async def test_guard_rules_hold_over_http2() -> None:
