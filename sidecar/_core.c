@@ -104,13 +104,11 @@ static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
 static PyObject *H1Core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     H1Core *self = (H1Core *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
+    /* The connection's __init__ sets them (the same as the Python twin, which has no fields
+     * until then): None here, nothing made only to be replaced. */
     self->parser = Py_NewRef(Py_None);
-    self->chunks = PyList_New(0);
+    self->chunks = Py_NewRef(Py_None);
     self->sink = Py_NewRef(Py_None);
-    if (self->chunks == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
     return (PyObject *)self;
 }
 

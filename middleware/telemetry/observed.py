@@ -24,7 +24,7 @@ from opentelemetry import trace
 from middleware.cycle import Cycle, Settings
 from middleware.dialects import Frame, StreamStats, sniff
 from middleware.errors import StreamError
-from middleware.sse import CR, LF, Event, LineState, advance
+from middleware.sse import LineState, advance
 from middleware.telemetry.finish import finish
 from middleware.telemetry.gaps import TIMES_KEPT
 from middleware.telemetry.record import StreamRecord
@@ -129,8 +129,9 @@ class ObservedCycle(Cycle):
 
         A chunk of whole one-line `data: ...` events that starts at an event boundary (the
         usual LLM chunk, and the finish + usage + `[DONE]` group that ends a stream) skips the
-        scanner: at a boundary the scanner holds nothing, and it holds nothing after such a
-        chunk either, so splitting it here is exact and saves the scanner's Python per line.
+        line-by-line scan (`SSEScanner.whole_events`, shared with the first-token scan). The
+        token path's chunks never reach the scanner: they are whole events, so it stands at a
+        boundary after them as before them.
         """
         record = self.record
         dialect = self.dialect
@@ -140,24 +141,11 @@ class ObservedCycle(Cycle):
                 if stats.tokens != tokens:
                     self._heard(now)
                 return
-        parts = None
-        if (
-            dialect is not None
-            and self.line_state is EVENT
-            and body.startswith(b"data: ")
-            and body.endswith(b"\n\n")
-            and CR not in body
-        ):
-            parts = body[6:-2].split(b"\n\ndata: ")
-            if body.count(LF) != 2 * len(parts):  # a line of another field, a multi-line data
-                parts = None
-        if parts is not None:
-            events = [
-                Event("message", part.decode("utf-8", "replace"), None, None) for part in parts
-            ]
-        else:
-            assert self.scanner is not None
-            events = self.scanner.feed(body)
+        scanner = self.scanner
+        assert scanner is not None
+        events = scanner.whole_events(body)
+        if events is None:
+            events = scanner.feed(body)
         tokens = stats.tokens
         for event in events:
             if dialect is None:
