@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Protocol
@@ -276,7 +277,7 @@ class Cycle(Relay):
         await self.downstream(message)
 
     async def _start(self, message: Message) -> None:
-        headers = message.get("headers", ())
+        headers = _listed(message.get("headers", ()))
         self.status = status = message["status"]
         if status >= 500:  # the app's (the upstream's) own failure, passed through
             self.outcome = Outcome.UPSTREAM_ERROR
@@ -354,6 +355,11 @@ def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
         f"{client[0]}:{client[1]}" if client else "",
         send_timeout,
     )
+
+
+def _listed(headers: Iterable[Any]) -> Sequence[Any]:
+    """An app's response headers (any iterable, in ASGI) as a sequence: read more than once."""
+    return headers if isinstance(headers, list | tuple) else list(headers)
 
 
 def _offer(scope: Scope) -> dict[str, Any] | None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import compress
+from operator import itemgetter, not_
 
 from middleware.dialects import Dialect
 from middleware.sse import LineState
@@ -29,8 +31,10 @@ _DROP = frozenset(
         b"x-accel-buffering",
     }
 )
+_DROP_DECODED = _DROP | {b"content-encoding"}  # a body the guard decodes goes out plain
 STREAM_HEADERS = ((b"cache-control", b"no-cache, no-transform"), (b"x-accel-buffering", b"no"))
 DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
+_name = itemgetter(0)
 
 # Before writing a terminal event, close whatever the stream left open so the event starts at
 # an event boundary. A half-written line or event cannot be withdrawn in SSE: it is completed
@@ -44,20 +48,32 @@ _CLOSE_OPEN = {
 }
 
 
-def media_type(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    """(media type, content-encoding) of a response, both lower-cased, b"" when absent."""
-    kind = encoding = b""
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered == b"content-type":
-            kind = value.split(b";", 1)[0].strip().lower()
-        elif lowered == b"content-encoding":
-            encoding = value.strip().lower()
-    return kind, encoding
+def _lower_names(headers: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
+    # A C-level pass over all headers (no Python per header): this runs once per response.
+    return list(map(bytes.lower, map(_name, headers)))
+
+
+def _last(headers: Sequence[tuple[bytes, bytes]], names: list[bytes], name: bytes) -> bytes | None:
+    """The value of the last header called `name`, or None."""
+    if name not in names:
+        return None
+    return headers[len(names) - 1 - names[::-1].index(name)][1]
+
+
+def media_type(headers: Sequence[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """(media type, content-encoding) of a response, both lower-cased, b"" when absent (the
+    last header of each name counts)."""
+    names = _lower_names(headers)
+    kind = _last(headers, names, b"content-type")
+    encoding = _last(headers, names, b"content-encoding")
+    return (
+        b"" if kind is None else kind.split(b";", 1)[0].strip().lower(),
+        b"" if encoding is None else encoding.strip().lower(),
+    )
 
 
 def guarded(
-    headers: Iterable[tuple[bytes, bytes]],
+    headers: Sequence[tuple[bytes, bytes]],
     status: int,
     method: str | None,
     content_types: frozenset[bytes],
@@ -76,14 +92,11 @@ def guarded(
 
 
 def stream_headers(
-    headers: Iterable[tuple[bytes, bytes]], *, decode: bool
+    headers: Sequence[tuple[bytes, bytes]], *, decode: bool
 ) -> list[tuple[bytes, bytes]]:
     """The response headers of a stream: framing and caching headers replaced."""
-    kept = [
-        (name, value)
-        for name, value in headers
-        if name.lower() not in _DROP and not (decode and name.lower() == b"content-encoding")
-    ]
+    drop = _DROP_DECODED if decode else _DROP
+    kept = list(compress(headers, map(not_, map(drop.__contains__, _lower_names(headers)))))
     kept.extend(STREAM_HEADERS)
     return kept
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import re
+from operator import itemgetter
 from typing import Any
 
-from middleware.dialects import select
+from middleware.dialects import json_object, select
 from middleware.types import Message, Receive, Scope
 
 MODES = ("pass", "force", "continuous")
@@ -53,6 +54,15 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 # waits for the cyclic collector.
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
 
+# What each mode asks for (`force`, `continuous`), and that as the field inserted in a body.
+_ASKED: tuple[dict[str, bool], ...] = (
+    {"include_usage": True},
+    {"include_usage": True, "continuous_usage_stats": True},
+)
+_INSERTED = tuple(
+    b',"stream_options":' + json.dumps(asked, separators=(",", ":")).encode() for asked in _ASKED
+)
+
 
 def rewrite(body: bytes, mode: str) -> bytes | None:
     """The request body with usage asked for, or None to forward `body` unchanged (not a
@@ -65,17 +75,14 @@ def rewrite(body: bytes, mode: str) -> bytes | None:
         return None
     if not isinstance(obj, dict) or obj.get("stream") is not True:
         return None
-    asked: dict[str, bool] = {"include_usage": True}
-    if mode == "continuous":
-        asked["continuous_usage_stats"] = True
+    continuous = mode == "continuous"
     options = obj.get("stream_options")
     if options is None and "stream_options" not in obj:
         end = body.rstrip().rfind(b"}")
-        field = json.dumps(asked, separators=(",", ":")).encode()
-        return body[:end] + b',"stream_options":' + field + body[end:]
+        return body[:end] + _INSERTED[continuous] + body[end:]
     if not isinstance(options, dict) or options.get("include_usage") is True:
         return None  # an odd value, or the client asked: theirs to keep
-    obj["stream_options"] = {**options, **asked}
+    obj["stream_options"] = {**options, **_ASKED[continuous]}
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -84,13 +91,15 @@ def _with_length(scope: Scope, length: int) -> None:
     server's list, where it is one (a copy would keep both for as long as the stream runs:
     the server holds on to its own)."""
     headers = scope.get("headers") or []
-    if not any(name == b"content-length" for name, _ in headers):
+    names = list(map(itemgetter(0), headers))
+    if b"content-length" not in names:
         return
     value = str(length).encode()
     if isinstance(headers, list):
-        for i, (name, _) in enumerate(headers):
-            if name == b"content-length":
-                headers[i] = (name, value)
+        at = -1
+        for _ in range(names.count(b"content-length")):
+            at = names.index(b"content-length", at + 1)
+            headers[at] = (b"content-length", value)
     else:
         scope["headers"] = [
             (name, value if name == b"content-length" else old) for name, old in headers
@@ -203,11 +212,7 @@ def _hide(body: bytes, continuous: bool) -> bytes:
 def _event_json(part: bytes) -> dict[str, Any] | None:
     if not part.startswith(b"data: ") or 10 in part:
         return None
-    try:
-        obj = json.loads(part[6:])
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
+    return json_object(part[6:])
 
 
 def _usage_only(part: bytes) -> bool:

@@ -14,9 +14,12 @@ Deliberate choices:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import chain, compress
+from operator import itemgetter, not_
 
 Headers = list[tuple[bytes, bytes]]
+Pairs = Sequence[tuple[bytes, bytes]]
 
 HOP_BY_HOP = frozenset(
     {
@@ -36,6 +39,31 @@ HOP_BY_HOP = frozenset(
 _REPLACED = frozenset(
     {b"host", b"accept-encoding", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"}
 )
+_DROPPED = HOP_BY_HOP | _REPLACED  # a request's, when its Connection names nothing more
+
+# The rules below run for every request, over every header. They go through the headers with
+# C-level calls (`map`, `compress`, `bytes.join`, `list.count`), not a Python loop per
+# header: the Python is the same for eight headers as for eighty. The few per-header
+# comprehensions left run only for headers most requests do not carry (Transfer-Encoding,
+# Connection, X-Forwarded-For).
+_name = itemgetter(0)
+_value = itemgetter(1)
+
+
+def lower_names(headers: Pairs) -> list[bytes]:
+    """Every header's name, lower-cased, in order."""
+    return list(map(bytes.lower, map(_name, headers)))
+
+
+def _values(headers: Pairs, names: list[bytes], name: bytes) -> list[bytes]:
+    """The values of every header called `name` (`names`: `lower_names(headers)`)."""
+    return [value for lower, (_, value) in zip(names, headers, strict=True) if lower == name]
+
+
+def _kept(headers: Pairs, names: list[bytes], drop: frozenset[bytes]) -> Headers:
+    """The headers whose lower-cased name is not in `drop`, with that name, in order."""
+    pairs = zip(names, map(_value, headers), strict=True)
+    return list(compress(pairs, map(not_, map(drop.__contains__, names))))
 
 
 def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -50,15 +78,18 @@ def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
     return frozenset(tokens)
 
 
-def strip_hop_by_hop(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+def _hop_by_hop(headers: Pairs, names: list[bytes]) -> frozenset[bytes]:
+    """The names this message drops as hop-by-hop: the nine, and any named in `Connection`
+    (most messages carry none)."""
+    if b"connection" in names:
+        return HOP_BY_HOP | connection_tokens(headers)
+    return HOP_BY_HOP
+
+
+def strip_hop_by_hop(headers: Pairs) -> Headers:
     """Lower-cased headers without hop-by-hop ones and without those named in `Connection`."""
-    pairs = [(name.lower(), value) for name, value in headers]
-    drop = HOP_BY_HOP
-    for name, _ in pairs:
-        if name == b"connection":  # it names more to drop (most requests carry none)
-            drop = HOP_BY_HOP | connection_tokens(pairs)
-            break
-    return [pair for pair in pairs if pair[0] not in drop]
+    names = lower_names(headers)
+    return _kept(headers, names, _hop_by_hop(headers, names))
 
 
 def forwarded_for(existing: Iterable[bytes], client: str | None) -> bytes | None:
@@ -72,35 +103,36 @@ def forwarded_for(existing: Iterable[bytes], client: str | None) -> bytes | None
     return b", ".join(parts) if parts else None
 
 
-def chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """True when the message's final transfer coding is `chunked`."""
-    codings = [
+def _codings(headers: Pairs, names: list[bytes]) -> list[bytes]:
+    """Every transfer coding of every `Transfer-Encoding` header, in order, lower-cased."""
+    return [
         coding.strip().lower()
-        for name, value in headers
-        if name.lower() == b"transfer-encoding"
+        for value in _values(headers, names, b"transfer-encoding")
         for coding in value.split(b",")
     ]
-    return bool(codings) and codings[-1] == b"chunked"
 
 
-def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
-    """The declared `Content-Length`, or None when absent or not a valid number."""
-    for name, value in headers:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+def chunked(headers: Pairs) -> bool:
+    """True when the message's final transfer coding is `chunked`."""
+    names = lower_names(headers)
+    return b"transfer-encoding" in names and _codings(headers, names)[-1] == b"chunked"
 
 
-# CR, LF, NUL as ints: `13 in value` is one memchr, while `b"\r" in value` first tries the
-# needle as an integer inside CPython, raising and clearing a TypeError.
-_FORBIDDEN_IN_HEADERS = (13, 10, 0)
+def content_length(headers: Pairs) -> int | None:
+    """The declared `Content-Length` (the first), or None when absent or not a valid number."""
+    names = lower_names(headers)
+    if b"content-length" not in names:
+        return None
+    try:
+        return int(headers[names.index(b"content-length")][1])
+    except ValueError:
+        return None
+
+
 _VERSIONS = frozenset({"1.0", "1.1", "2"})  # not 0.9, nor "HTTP/2.0" in an HTTP/1 request line
 
 
-def request_problem(headers: Iterable[tuple[bytes, bytes]], http_version: str) -> str | None:
+def request_problem(headers: Pairs, http_version: str) -> str | None:
     """Why a client request's framing is unsafe to forward, or None when it is fine.
 
     Request smuggling lives in the gap between two parsers' readings of the same bytes, so
@@ -114,40 +146,36 @@ def request_problem(headers: Iterable[tuple[bytes, bytes]], http_version: str) -
     """
     if http_version not in _VERSIONS:
         return f"HTTP version {http_version!r} is not served"
-    lengths: list[bytes] = []
-    codings: list[bytes] = []
-    hosts = 0
-    for name, value in headers:
-        for c in _FORBIDDEN_IN_HEADERS:
-            if c in value or c in name:
-                return "a header contains CR, LF or NUL"
-        name = name.lower()
-        if name == b"content-length":
-            lengths.append(value.strip())
-        elif name == b"transfer-encoding":
-            codings.extend(c.strip().lower() for c in value.split(b","))
-        elif name == b"host":
-            hosts += 1
-    if lengths and codings:
+    # Every name and value in one piece, searched once per byte: CR, LF, NUL as ints
+    # (`13 in head` is one memchr, where a bytes needle is first tried as an int inside
+    # CPython, raising and clearing a TypeError).
+    head = b"".join(chain.from_iterable(headers))
+    if 13 in head or 10 in head or 0 in head:
+        return "a header contains CR, LF or NUL"
+    names = lower_names(headers)
+    lengths = names.count(b"content-length")
+    encoded = b"transfer-encoding" in names
+    if lengths and encoded:
         return "both Content-Length and Transfer-Encoding"
-    if len(lengths) > 1:
+    if lengths > 1:
         return "more than one Content-Length"
-    if lengths and not lengths[0].isdigit():
+    if lengths and not headers[names.index(b"content-length")][1].strip().isdigit():
         return "Content-Length is not a number"
-    if codings and codings[-1] != b"chunked":
+    if encoded and _codings(headers, names)[-1] != b"chunked":
         return "Transfer-Encoding does not end in chunked"
+    hosts = names.count(b"host")
     if hosts > 1 or (hosts == 0 and http_version == "1.1"):
         return "an HTTP/1.1 request needs exactly one Host"
     return None
 
 
-def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:
+def header_bytes(headers: Pairs) -> int:
     """Size of the header block as on the wire: `name: value\\r\\n` per header."""
-    return sum(len(name) + len(value) + 4 for name, value in headers)
+    return sum(map(len, chain.from_iterable(headers))) + 4 * len(headers)
 
 
 def request_headers(
-    headers: Iterable[tuple[bytes, bytes]],
+    headers: Pairs,
     *,
     authority: bytes,
     client: str | None,
@@ -160,27 +188,25 @@ def request_headers(
     `X-Forwarded-For` (appending the peer), `X-Forwarded-Proto` and `X-Forwarded-Host`.
     `Content-Length` is kept; `Transfer-Encoding` is the caller's business.
     """
+    names = lower_names(headers)
+    hop = _hop_by_hop(headers, names)
     out = [(b"host", authority)]
-    prior_xff: list[bytes] = []
-    client_host: bytes | None = None
-    for name, value in strip_hop_by_hop(headers):
-        if name not in _REPLACED:
-            out.append((name, value))
-        elif name == b"x-forwarded-for":
-            prior_xff.append(value)
-        elif name == b"host" and client_host is None:
-            client_host = value
+    out += _kept(headers, names, _DROPPED if hop is HOP_BY_HOP else hop | _REPLACED)
     out.append((b"accept-encoding", b"identity"))
-    xff = forwarded_for(prior_xff, client)
+    # The client's own X-Forwarded-For and Host, unless its Connection named them.
+    prior = []
+    if b"x-forwarded-for" in names and b"x-forwarded-for" not in hop:
+        prior = _values(headers, names, b"x-forwarded-for")
+    xff = forwarded_for(prior, client)
     if xff is not None:
         out.append((b"x-forwarded-for", xff))
     out.append((b"x-forwarded-proto", scheme.encode("latin-1")))
-    if client_host is not None:
-        out.append((b"x-forwarded-host", client_host))
+    if b"host" in names and b"host" not in hop:
+        out.append((b"x-forwarded-host", headers[names.index(b"host")][1]))
     return out
 
 
-def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+def response_headers(headers: Pairs) -> Headers:
     """The upstream's response headers to send downstream: lower-cased, hop-by-hop dropped.
 
     `Content-Length` stays (a non-streaming body is relayed byte-identical); StreamGuard

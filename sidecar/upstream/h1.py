@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from operator import itemgetter
 from typing import cast
 
 import httptools
@@ -29,6 +30,8 @@ from sidecar.speedups import H1Core
 from sidecar.upstream.types import Headers
 
 MAX_HEAD_BYTES = 65536
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_name = itemgetter(0)
 
 
 class _Refused(Exception):
@@ -166,9 +169,6 @@ class H1Connection(H1Core, asyncio.Protocol):
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > MAX_HEAD_BYTES:
             raise _Refused(f"response headers exceed {MAX_HEAD_BYTES} bytes")
-        lower = name.lower()
-        if lower == b"content-length" or lower == b"transfer-encoding":
-            self._framed = True
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -177,11 +177,13 @@ class H1Connection(H1Core, asyncio.Protocol):
         if 100 <= status < 200:  # 100 Continue, 103 Early Hints: wait for the real one
             self._informational = True
             self.headers = []
-            self._framed = False
             self._head_bytes = 0
             return
         self.status = status
         self.head_done = True
+        # Content-Length or Transfer-Encoding among the names: told here, once, rather than
+        # looked for in each `on_header`.
+        self._framed = not _FRAMING.isdisjoint(map(bytes.lower, map(_name, self.headers)))
         if self._head_request:
             self.complete = True
             self.keep_alive = self._parser.should_keep_alive()
@@ -305,10 +307,12 @@ class Body:
 
 def encode_head(method: bytes, target: bytes, headers: Headers) -> bytes:
     """The request line and headers; refuses CR or LF inside any of them (no smuggling)."""
-    lines = [method + b" " + target + b" HTTP/1.1"]
-    lines.extend(name + b": " + value for name, value in headers)
-    lines.append(b"\r\n")
-    head = b"\r\n".join(lines)
-    if head.count(b"\n") != len(lines) or head.count(b"\r") != len(lines):
+    # `b": ".join` of each (name, value) pair: the header lines without a Python call each.
+    lines = b"\r\n".join(map(b": ".join, headers))
+    head = b"%b %b HTTP/1.1\r\n%b\r\n\r\n" % (method, target, lines)
+    if not headers:
+        head = head[:-2]  # no header lines: the request line's end, then the blank line
+    ends = len(headers) + 2  # the request line's, each header's, the blank line's
+    if head.count(b"\n") != ends or head.count(b"\r") != ends:
         raise UpstreamProtocolError("refusing a request with CR or LF inside a header")
     return head

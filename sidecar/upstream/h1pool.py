@@ -23,6 +23,7 @@ import collections
 import ssl
 import types
 from collections.abc import AsyncIterable, AsyncIterator
+from operator import itemgetter
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
 from sidecar.upstream.errors import UpstreamTimeout
@@ -125,7 +126,7 @@ class H1Pool:
 
 
 def _is_chunked(headers: Headers) -> bool:
-    return any(name.lower() == b"transfer-encoding" for name, _ in headers)
+    return b"transfer-encoding" in map(bytes.lower, map(itemgetter(0), headers))
 
 
 class H1Exchange:

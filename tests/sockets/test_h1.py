@@ -356,12 +356,18 @@ async def test_request_body_framing_on_the_wire() -> None:
 
 
 def test_header_with_newline_is_refused() -> None:
-    """CR or LF inside a header value or the target never reaches the wire."""
-    with pytest.raises(UpstreamProtocolError):
-        encode_head(b"GET", b"/", [(b"x", b"a\r\nInjected: 1")])
-    with pytest.raises(UpstreamProtocolError):
-        encode_head(b"GET", b"/\n", [])
+    """CR or LF anywhere inside a header name, value or the target never reaches the wire;
+    a head without headers is the request line and the blank line."""
+    for bad in ([(b"x", b"a\r\nInjected: 1")], [(b"x\r", b"a")], [(b"x", b"\n")]):
+        with pytest.raises(UpstreamProtocolError):
+            encode_head(b"GET", b"/", bad)
+    for target in (b"/\n", b"/\r", b"/\r\n"):
+        with pytest.raises(UpstreamProtocolError):
+            encode_head(b"GET", target, [])
     assert encode_head(b"GET", b"/", [(b"a", b"b")]) == b"GET / HTTP/1.1\r\na: b\r\n\r\n"
+    assert encode_head(b"GET", b"/", []) == b"GET / HTTP/1.1\r\n\r\n"
+    two = encode_head(b"POST", b"/x", [(b"a", b"1"), (b"b", b"")])
+    assert two == b"POST /x HTTP/1.1\r\na: 1\r\nb: \r\n\r\n"
 
 
 async def test_connection_refused_and_connect_timeout() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar import headers as rules
 
@@ -151,3 +153,106 @@ def test_content_length_and_header_bytes() -> None:
 def test_origin_form_never_keeps_an_authority(target: bytes, expected: bytes) -> None:
     """Absolute-form targets are reduced to path and query; origin-form is unchanged."""
     assert rules.origin_form(target) == expected
+
+
+# The rules above, read one header at a time: the plain statement of each rule, which the
+# module's C-level passes over all headers at once must agree with on any header list.
+
+
+def _plain_strip(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    drop = set(rules.HOP_BY_HOP)
+    for name, value in headers:
+        if name.lower() == b"connection":
+            drop |= {t.strip().lower() for t in value.split(b",") if t.strip()}
+    return [(name.lower(), value) for name, value in headers if name.lower() not in drop]
+
+
+def _plain_codings(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [
+        coding.strip().lower()
+        for name, value in headers
+        if name.lower() == b"transfer-encoding"
+        for coding in value.split(b",")
+    ]
+
+
+def _plain_problem(headers: list[tuple[bytes, bytes]], version: str) -> str | None:
+    if version not in ("1.0", "1.1", "2"):
+        return "version"
+    lengths, hosts = [], 0
+    for name, value in headers:
+        if any(c in name + value for c in (b"\r", b"\n", b"\0")):
+            return "a header contains CR, LF or NUL"
+        if name.lower() == b"content-length":
+            lengths.append(value.strip())
+        hosts += name.lower() == b"host"
+    codings = _plain_codings(headers)
+    if lengths and codings:
+        return "both Content-Length and Transfer-Encoding"
+    if len(lengths) > 1:
+        return "more than one Content-Length"
+    if lengths and not lengths[0].isdigit():
+        return "Content-Length is not a number"
+    if codings and codings[-1] != b"chunked":
+        return "Transfer-Encoding does not end in chunked"
+    if hosts > 1 or (hosts == 0 and version == "1.1"):
+        return "an HTTP/1.1 request needs exactly one Host"
+    return None
+
+
+def _plain_request(
+    headers: list[tuple[bytes, bytes]], client: str | None
+) -> list[tuple[bytes, bytes]]:
+    replaced = {b"host", b"accept-encoding", b"x-forwarded-for"}
+    replaced |= {b"x-forwarded-proto", b"x-forwarded-host"}
+    out, prior, host = [(b"host", b"up:1")], [], None
+    for name, value in _plain_strip(headers):
+        if name not in replaced:
+            out.append((name, value))
+        elif name == b"x-forwarded-for":
+            prior.append(value)
+        elif name == b"host" and host is None:
+            host = value
+    out.append((b"accept-encoding", b"identity"))
+    xff = rules.forwarded_for(prior, client)
+    out += [(b"x-forwarded-for", xff)] if xff is not None else []
+    out.append((b"x-forwarded-proto", b"http"))
+    return out + ([(b"x-forwarded-host", host)] if host is not None else [])
+
+
+_NAMES = [
+    b"Host", b"host", b"Content-Length", b"content-length", b"Transfer-Encoding",
+    b"Connection", b"connection", b"X-Forwarded-For", b"x-forwarded-host", b"TE",
+    b"keep-alive", b"x-a", b"X-A", b"accept-encoding", b"authorization",
+]  # fmt: skip
+_VALUES = [
+    b"", b"5", b" 12 ", b"4x", b"chunked", b"gzip, chunked", b"chunked, gzip", b"x-a",
+    b"close, X-Forwarded-For", b"Host", b"1.1.1.1", b"a\rb", b"a\nb", b"a\x00b",
+]  # fmt: skip
+_HEADER = st.tuples(st.sampled_from(_NAMES), st.sampled_from(_VALUES))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_HEADER, max_size=8), st.sampled_from(["1.0", "1.1", "2", "0.9"]))
+def test_rules_agree_with_a_header_at_a_time(
+    headers: list[tuple[bytes, bytes]], version: str
+) -> None:
+    """Every rule, computed over all headers at once, is the plain per-header reading of it:
+    the same refusal, hop-by-hop set, framing and upstream headers for any header list."""
+    problem = rules.request_problem(headers, version)
+    if version == "0.9":
+        assert problem is not None and problem.startswith("HTTP version")
+    else:
+        assert problem == _plain_problem(headers, version)
+    assert rules.strip_hop_by_hop(headers) == _plain_strip(headers)
+    codings = _plain_codings(headers)
+    assert rules.chunked(headers) == (bool(codings) and codings[-1] == b"chunked")
+    lengths = [v for n, v in headers if n.lower() == b"content-length"]
+    declared = None
+    if lengths and lengths[0].strip().isdigit():
+        declared = int(lengths[0])
+    assert rules.content_length(headers) == declared
+    assert rules.header_bytes(headers) == sum(len(n) + len(v) + 4 for n, v in headers)
+    for client in ("10.0.0.1", None):
+        out = rules.request_headers(headers, authority=b"up:1", client=client, scheme="http")
+        assert out == _plain_request(headers, client)
