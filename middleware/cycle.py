@@ -305,8 +305,8 @@ class Cycle(Relay):
         self.last_write = now = monotonic()
         self._rearm(now)
         await self.downstream(start)
-        # Servers that hold headers until the first body byte (hypercorn) send them now.
-        await self.downstream({"type": "http.response.body", "body": b"", "more_body": True})
+        if self.server_nowait is None:  # a head held for a body byte (hypercorn): send it
+            await self.downstream({"type": "http.response.body", "body": b"", "more_body": True})
 
     def _start_sse(self) -> None:
         """An SSE stream begins: scan it for its first token."""

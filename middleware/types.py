@@ -12,7 +12,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # `scope["extensions"][SEND_NOWAIT] = {"send": f}`: `f(body) -> bool` writes `body` as one
 # more chunk (`more_body=True`) of a response already started, now, without awaiting; or
 # writes nothing and returns False (flow control, a client gone, a state it does not handle),
-# and the caller sends that chunk with the ASGI `send` instead, which waits as usual.
+# and the caller sends that chunk with the ASGI `send` instead, which waits as usual. A
+# server that offers it writes the response head when `http.response.start` is sent.
 # Offered by the sidecar's HTTP/1.1 server, passed on by StreamGuard (its own checks first,
 # swapped into the same dict), used by the proxy to relay an upstream read without waking
 # the request's task.
