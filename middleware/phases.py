@@ -22,6 +22,10 @@ class Phase(Enum):
     BODY = "body"  # a stream's body is flowing
     DONE = "done"  # the final body message is with the server
 
+    # Members are singletons compared by identity: hashed by identity too, in C, where
+    # Enum's own `__hash__` is a Python call (a step looks a phase up twice).
+    __hash__ = object.__hash__
+
 
 class PhaseError(RuntimeError):
     """A transition the state machine does not have (a bug in the guard, not in the app)."""

@@ -73,6 +73,8 @@ class MapExceptions:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
+        if exc is None:
+            return
         if isinstance(exc, httpcore.ConnectTimeout):
             raise UpstreamTimeout(f"timed out connecting to the upstream: {exc}") from exc
         if isinstance(exc, httpcore.ConnectError):

@@ -26,6 +26,8 @@ Deliberate choices (do not "fix" these):
 
 from __future__ import annotations
 
+import functools
+
 from middleware.dialects.anthropic import ANTHROPIC_EVENTS, Anthropic
 from middleware.dialects.base import Dialect, StreamStats, _type, json_object
 from middleware.dialects.frame import Frame
@@ -51,6 +53,7 @@ _BY_PATH_SUFFIX = (
 )
 
 
+@functools.lru_cache(maxsize=256)  # each request asks twice; a server serves a few paths
 def select(path: str) -> Dialect | None:
     """The dialect for a request path (also under a prefix, e.g. /openai/v1/...), else None."""
     path = path.split("?", 1)[0].rstrip("/")
