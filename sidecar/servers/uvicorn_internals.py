@@ -10,18 +10,26 @@ loses is the `sidestream.send_nowait` fast path and the request-head limits belo
 correctness, and an upper bound would block users from uvicorn's own fixes.
 
 Private names used (only when the gate says yes, except `capture_signals`):
-- `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`: subclassed; its
+- `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`: subclassed. Its `__init__` and
+  the callbacks run for every connection and request (`connection_made`, `connection_lost`,
   `data_received`, `on_message_begin`, `on_headers_complete`, `on_message_complete`,
-  `connection_made`, `connection_lost` and `_unsupported_upgrade_warning` overridden; its
-  `parser` (dropped between requests, made again as uvicorn makes it), `cycle`, `scope`,
-  `loop` and `transport` read.
-- `RequestResponseCycle`: `flow.write_paused`, `disconnected`, `response_complete`,
-  `chunked_encoding` and `transport`, read per chunk by the `send_nowait` extension (here,
-  and in its compiled twin, `sidecar/_core.c`'s `ChunkWriter`);
-  `disconnected` set and `response_complete` read when the connection is lost (the
-  extension's `on_disconnect`).
-- the protocol's `pipeline`, `flow` (`FlowControl._is_writable_event`) and each cycle's
-  `message_event`, replaced by lighter objects with the same methods (below).
+  `on_response_complete`) are written out here with the sidecar's additions in line,
+  setting uvicorn's fields for the methods of its that still run (`on_header`, `on_url`,
+  `on_body`, `_start_asgi_task`, `send_400_response`, the upgrade ones,
+  `shutdown`, the keep-alive timeout); `_unsupported_upgrade_warning` overridden; `parser`
+  dropped between requests and made again as uvicorn makes it.
+- `RequestResponseCycle`: subclassed (`RequestCycle`): `__init__`, `send` and `receive`
+  written out (the head by `sidecar.servers.response_head`, uvicorn's rules), `run_asgi`
+  and `send_500_response` uvicorn's. Its `flow.write_paused`, `disconnected`,
+  `response_complete`, `chunked_encoding` and `transport` are read per chunk by the
+  `send_nowait` extension (here, and in its compiled twin, `sidecar/_core.c`'s
+  `ChunkWriter`); `disconnected` set and `response_complete` read when the connection is
+  lost (the extension's `on_disconnect`).
+- the protocol's `pipeline`, `flow` (`FlowControl`, subclassed) and each cycle's
+  `message_event`, made as lighter objects with the same methods (below).
+- `uvicorn.protocols.utils`' address functions, for a transport that did not keep the
+  addresses it accepted on (the protocol asks the transport: uvicorn asks the socket, each
+  time through a socket object made for the question, two more system calls each).
 - `uvicorn.Server`: `capture_signals` (replaced on both paths: uvicorn has no public switch
   for its signal handlers, and the sidecar decides what a signal means — drain first),
   `main_loop` and `on_tick` (replaced only behind the gate).
@@ -59,28 +67,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+from collections import deque
 from collections.abc import Generator
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import httptools
 import uvicorn
+from uvicorn._types import ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent, HTTPScope
+from uvicorn.config import Config
+from uvicorn.logging import TRACE_LOG_LEVEL
+from uvicorn.protocols.http.flow_control import FlowControl, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.utils import (
+    get_client_addr,
+    get_local_addr,
+    get_path_with_query_string,
+    get_remote_addr,
+    is_ssl,
+)
+from uvicorn.server import ServerState
 
 from middleware.types import SEND_NOWAIT, SendNowait
 from sidecar.servers.listener import ExitEvent
+from sidecar.servers.response_head import response_head
 from sidecar.speedups import core
 
 CHECKED = ("0.55",)  # uvicorn major.minor releases these internals were read in
 
-_PROTOCOL_HOOKS = (
+_PROTOCOL_HOOKS = (  # written out here, or called by name
     "connection_made",
     "connection_lost",
     "data_received",
     "on_message_begin",
     "on_headers_complete",
     "on_message_complete",
+    "on_response_complete",
     "_unsupported_upgrade_warning",
+    "_should_upgrade",
+    "handle_websocket_upgrade",
+    "send_400_response",
+    "_start_asgi_task",
+    "_unset_keepalive_if_required",
+    "timeout_keep_alive_handler",
 )
+_CYCLE_HOOKS = ("send", "receive", "run_asgi")
 _SERVER_HOOKS = ("capture_signals", "main_loop", "on_tick")
 
 
@@ -91,6 +123,7 @@ def checked(version: str | None = None) -> bool:
     if ".".join(version.split(".")[:2]) not in CHECKED:
         return False
     hooks = [getattr(HttpToolsProtocol, name, None) for name in _PROTOCOL_HOOKS]
+    hooks += [getattr(RequestResponseCycle, name, None) for name in _CYCLE_HOOKS]
     hooks += [getattr(uvicorn.Server, name, None) for name in _SERVER_HOOKS]
     return all(callable(hook) for hook in hooks)
 
@@ -158,122 +191,31 @@ class Pipeline(list[Any]):
         self.insert(0, item)
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a request-head deadline, a head size cap and CONNECT 405.
-
-    Configure by subclassing (see `protocol_class`): uvicorn builds one instance per
-    connection with its own keyword arguments.
-    """
-
-    # Slots: uvicorn's own fields stay in the instance dict, and stay few enough for it to
-    # share its keys with every other connection's (see the module docstring).
-    __slots__ = (
-        "_began",
-        "_head_bytes",
-        "_head_timer",
-        "_in_head",
-        "_read_whole",
-        "_refused",
-        "_told_cycle",
-        "_told_offer",
-    )
+class HeadLimits:
+    """The request-head deadline, size cap and CONNECT answer (see the module docstring):
+    armed, counted and checked from the protocol's callbacks, the answers written straight
+    to the transport. Its fields are in the protocol's slots."""
 
     header_timeout: float | None = 10.0
     max_head_bytes: int = 32768 + 8192
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    _head_timer: asyncio.TimerHandle | None
+    _head_bytes: int
+    _in_head: bool  # between requests or inside a request head
+    _began: bool  # a request's first byte came and its head is not complete
+    _refused: bool
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.pipeline = Pipeline()  # type: ignore[assignment]  # uvicorn's methods, a list
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._in_head = True  # between requests or inside a request head
-        self._head_bytes = 0
-        self._refused = False
-        self._began = False  # a request's first byte came and its head is not complete
-        self._read_whole = False  # the last request was parsed to its end, nothing after it
-        # The request whose extension takes an `on_disconnect` listener: the first one not
-        # complete (a request pipelined behind it gets none, and its guard reads receive()).
-        self._told_cycle: RequestResponseCycle | None = None
-        self._told_offer: dict[object, object] | None = None
+    def _count_head(self, size: int) -> None:
+        """`size` more bytes of a request head; past the cap, 431."""
+        self._head_bytes += size
+        if self._head_bytes > self.max_head_bytes:
+            message = f"request head over {self.max_head_bytes} bytes"
+            self._refuse(_answer(431, "request_header_fields_too_large", message))
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.flow._is_writable_event = LazyEvent(True)  # type: ignore[assignment]
-        self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-        cycle, offer = self._told_cycle, self._told_offer
-        if cycle is not None and offer is not None and not cycle.response_complete:
-            cycle.disconnected = True  # uvicorn marks only the newest request's cycle
-            listener = offer.get("on_disconnect")
-            if callable(listener):
-                listener()
-
-    def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return
-        if self.parser is None:  # dropped once the last request was read whole
-            self.parser = _request_parser(self)
-        was_in_head = self._in_head
-        super().data_received(data)
-        if was_in_head and self._in_head and not self._refused:  # all of `data` was head
-            self._head_bytes += len(data)
-            if self._head_bytes > self.max_head_bytes:
-                message = f"request head over {self.max_head_bytes} bytes"
-                self._refuse(_answer(431, "request_header_fields_too_large", message))
-        if self._read_whole and self.parser is not None:
-            # Between two requests a new parser is as good as this one, and most streams'
-            # clients send nothing more: made again when they do.
-            self.parser = None  # type: ignore[assignment]
-
-    def on_message_begin(self) -> None:
-        self._in_head = True  # a request's first byte: on a kept-alive connection, arm now
-        self._head_bytes = 0
-        self._began = True
-        self._read_whole = False
-        if self._head_timer is None:
-            self._arm()
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self._in_head = self._began = False
-        self._disarm()
-        if self.parser.get_method() == b"CONNECT":
-            allow = b"allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n"
-            self._refuse(_answer(405, "method_not_allowed", "CONNECT is not proxied", allow))
-            return
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is None or cycle.scope is not self.scope:
-            return  # an upgrade: no request task was made for this head
-        # Nothing waits on the new cycle's event yet: its task has not run.
-        cycle.message_event = LazyEvent()  # type: ignore[assignment]
-        if self.scope["method"] != "HEAD":  # HEAD responses have no body
-            offer: dict[object, object] = {"send": send_nowait(cycle), "abort": self._drop}
-            told = self._told_cycle
-            if told is None or told.response_complete:
-                offer["on_disconnect"] = None  # free for a listener (middleware.types)
-                self._told_cycle, self._told_offer = cycle, offer
-            self.scope["extensions"] = {SEND_NOWAIT: offer}
-
-    def _drop(self) -> None:
-        """The extension's `abort`: drop the client now. uvicorn logs an app that returns
-        with its response incomplete as an error unless the client is gone: every request
-        of the connection is marked gone (the one asking, and any pipelined behind it)."""
-        for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline)):
-            if cycle is not None:
-                cycle.disconnected = True
-        self.transport.close()
-
-    def on_message_complete(self) -> None:
-        # An upgrade's parser stays: it is paused, and what it makes of later bytes is its own.
-        self._read_whole = not self.parser.should_upgrade()
-        super().on_message_complete()
-
-    def _unsupported_upgrade_warning(self) -> None:
-        if not self._refused:  # CONNECT already answered: nothing to warn about
-            super()._unsupported_upgrade_warning()
+    def _refuse_connect(self) -> None:
+        allow = b"allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n"
+        self._refuse(_answer(405, "method_not_allowed", "CONNECT is not proxied", allow))
 
     def _arm(self) -> None:
         self._disarm()
@@ -302,10 +244,426 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+class NowaitOffer:
+    """The `sidestream.send_nowait` extension offered in a request's scope (see
+    `middleware.types`): its `send` (`send_nowait`), its `abort`, and for the first request
+    of the connection not yet complete an `on_disconnect` slot, called when the client goes.
+    Its fields are in the protocol's slots."""
+
+    cycle: RequestResponseCycle
+    pipeline: deque[tuple[RequestResponseCycle, Any]]
+    transport: asyncio.Transport
+    # The request whose extension takes an `on_disconnect` listener: the first one not
+    # complete (a request pipelined behind it gets none, and its guard reads receive()).
+    _told_cycle: RequestResponseCycle | None
+    _told_offer: dict[object, object] | None
+
+    def _offer(self, cycle: RequestResponseCycle, scope: HTTPScope) -> None:
+        offer: dict[object, object] = {"send": send_nowait(cycle), "abort": self._drop}
+        told = self._told_cycle
+        if told is None or told.response_complete:
+            offer["on_disconnect"] = None  # free for a listener (middleware.types)
+            self._told_cycle, self._told_offer = cycle, offer
+        scope["extensions"] = {SEND_NOWAIT: offer}
+
+    def _tell_gone(self) -> None:
+        """The connection is lost: the told request, if not complete, is marked so (uvicorn
+        marks only the newest request's) and its listener called."""
+        cycle, offer = self._told_cycle, self._told_offer
+        if cycle is not None and offer is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            listener = offer.get("on_disconnect")
+            if callable(listener):
+                listener()
+
+    def _drop(self) -> None:
+        """The extension's `abort`: drop the client now. uvicorn logs an app that returns
+        with its response incomplete as an error unless the client is gone: every request
+        of the connection is marked gone (the one asking, and any pipelined behind it)."""
+        for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline)):
+            if cycle is not None:
+                cycle.disconnected = True
+        self.transport.close()
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
+    """uvicorn's httptools protocol plus a request-head deadline, a head size cap and CONNECT
+    405 (`HeadLimits`), and the `sidestream.send_nowait` extension (`NowaitOffer`).
+
+    Configure by subclassing (see `protocol_class`): uvicorn builds one instance per
+    connection with its own keyword arguments.
+
+    uvicorn's callbacks for each connection and each request are written out here, the
+    sidecar's additions in line; its other methods run as they are, on the fields set here.
+    uvicorn's two loggers are class attributes (it looks them up per connection). A
+    connection's addresses come from the transport, which read them at accept.
+    """
+
+    # Slots (this class's and its two parts' fields): uvicorn's own fields stay in the
+    # instance dict, and stay few enough for it to share its keys with every other
+    # connection's (see the module docstring).
+    __slots__ = (
+        "_began",
+        "_head_bytes",
+        "_head_timer",
+        "_in_head",
+        "_read_whole",
+        "_refused",
+        "_told_cycle",
+        "_told_offer",
+    )
+
+    logger = logging.getLogger("uvicorn.error")
+    access_logger = logging.getLogger("uvicorn.access")
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.access_log = self.access_logger.hasHandlers()
+        self.ws_protocol_class = config.ws_protocol_class
+        self.root_path = config.root_path
+        self.asgi_version = config.asgi_version
+        self.limit_concurrency = config.limit_concurrency
+        self.app_state = app_state
+        self.timeout_keep_alive = config.timeout_keep_alive
+        self.server_state = server_state
+        self.connections = server_state.connections
+        self.tasks = server_state.tasks
+        self.parser = None  # type: ignore[assignment]  # made at the first bytes
+        self.timeout_keep_alive_task = None
+        self.transport = None  # type: ignore[assignment]
+        self.flow = None  # type: ignore[assignment]
+        self.server = None
+        self.client = None
+        self.scheme = None
+        self.pipeline = Pipeline()  # type: ignore[assignment]  # uvicorn's methods, a list
+        self.scope = None  # type: ignore[assignment]
+        self.headers = None  # type: ignore[assignment]
+        self.expect_100_continue = False
+        self.cycle = None  # type: ignore[assignment]
+        self._head_timer = None
+        self._in_head = True
+        self._head_bytes = 0
+        self._refused = False
+        self._began = False
+        self._read_whole = False  # the last request was parsed to its end, nothing after it
+        self._told_cycle = self._told_offer = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = Flow(transport)
+        self.server, self.client = _addresses(transport)
+        self.scheme = "https" if is_ssl(transport) else "http"
+        if self.logger.level <= TRACE_LOG_LEVEL:
+            self._trace("HTTP connection made")
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._disarm()
+        self.connections.discard(self)
+        if self.logger.level <= TRACE_LOG_LEVEL:
+            self._trace("HTTP connection lost")
+        if self.cycle is not None:
+            if not self.cycle.response_complete:
+                self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        if self.flow is not None and self.flow.write_paused:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+            if self.timeout_keep_alive_task is not None:
+                self._unset_keepalive_if_required()
+        self.parser = None  # type: ignore[assignment]
+        self._tell_gone()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self.timeout_keep_alive_task is not None:
+            self._unset_keepalive_if_required()
+        if self.parser is None:  # dropped once the last request was read whole
+            self.parser = _request_parser(self)
+        was_in_head = self._in_head
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        if was_in_head and self._in_head and not self._refused:  # all of `data` was head
+            self._count_head(len(data))
+        if self._read_whole and self.parser is not None:
+            # Between two requests a new parser is as good as this one, and most streams'
+            # clients send nothing more: made again when they do.
+            self.parser = None  # type: ignore[assignment]
+
+    def on_message_begin(self) -> None:
+        self._in_head = True  # a request's first byte: on a kept-alive connection, arm now
+        self._head_bytes = 0
+        self._began = True
+        self._read_whole = False
+        if self._head_timer is None:
+            self._arm()
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+
+    def on_headers_complete(self) -> None:
+        self._in_head = self._began = False
+        if self._head_timer is not None:
+            self._disarm()
+        parser, scope = self.parser, self.scope
+        method = parser.get_method()
+        if method == b"CONNECT":
+            self._refuse_connect()
+            return
+        http_version = parser.get_http_version()
+        scope["method"] = method.decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        if parser.should_upgrade() and self._should_upgrade():
+            return  # an upgrade: no request task is made for this head
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        if self.root_path:
+            path = self.root_path + path
+            raw_path = self.root_path.encode("ascii") + raw_path
+        scope["path"] = path
+        scope["raw_path"] = raw_path
+        scope["query_string"] = url.query or b""
+        app = self.app
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        cycle = RequestCycle(self, keep_alive)
+        if method != b"HEAD":  # HEAD responses have no body
+            self._offer(cycle, scope)
+        existing, self.cycle = self.cycle, cycle
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, app)
+        else:  # pipelined: queued until the one before it is answered
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
+
+    def _trace(self, message: str) -> None:
+        prefix = f"{self.client[0]}:{self.client[1]:d} - " if self.client else ""
+        self.logger.log(TRACE_LOG_LEVEL, "%s%s", prefix, message)
+
+    def on_message_complete(self) -> None:
+        # An upgrade's parser stays: it is paused, and what it makes of later bytes is its own.
+        upgrade = self.parser.should_upgrade()
+        self._read_whole = not upgrade
+        if (upgrade and self._should_upgrade()) or self.cycle.response_complete:
+            return
+        self.cycle.more_body = False
+        self.cycle.message_event.set()
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        if self.timeout_keep_alive_task is not None:
+            self._unset_keepalive_if_required()
+        if self.flow.read_paused:
+            self.flow.resume_reading()
+        if self.pipeline:  # the next pipelined request starts
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _unsupported_upgrade_warning(self) -> None:
+        if not self._refused:  # CONNECT already answered: nothing to warn about
+            super()._unsupported_upgrade_warning()
+
+
+class RequestCycle(RequestResponseCycle):
+    """uvicorn's per-request cycle (its `run_asgi`, `send_500_response`) with its `send` and
+    `receive` written for the sidecar: the response head made by `response_head`, body
+    writes without a list to join, and nothing waited on that is already there.
+
+    A head that raises (a bad header from the app) leaves the framing as it was, where
+    uvicorn's loop leaves what it had set before the bad header: either way the response has
+    started and `run_asgi` closes the connection.
+    """
+
+    logger = GuardedHttpToolsProtocol.logger
+    access_logger = GuardedHttpToolsProtocol.access_logger
+
+    def __init__(self, protocol: GuardedHttpToolsProtocol, keep_alive: bool) -> None:
+        # uvicorn's fields, from the protocol it passes them from; the loggers are the class's.
+        self.scope = protocol.scope
+        self.transport = protocol.transport
+        self.flow = protocol.flow
+        self.access_log = protocol.access_log
+        self.default_headers = protocol.server_state.default_headers
+        # Nothing waits on the event yet: the request's task has not run.
+        self.message_event = LazyEvent()  # type: ignore[assignment]
+        self.on_response = protocol.on_response_complete
+        self.disconnected = False
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = protocol.expect_100_continue
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+        self.chunked_encoding = None
+        self.expected_content_length = 0
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        if not self.response_started:
+            self._start(message)
+        elif not self.response_complete:
+            if message["type"] != "http.response.body":
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.body', but got '{message['type']}'."
+                )
+            body = message.get("body", b"")
+            more_body = message.get("more_body", False)
+            if self.scope["method"] == "HEAD":
+                self.expected_content_length = 0
+            elif self.chunked_encoding:
+                if more_body:
+                    if body:
+                        self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+                elif body:
+                    self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
+                else:
+                    self.transport.write(b"0\r\n\r\n")
+            else:
+                if len(body) > self.expected_content_length:
+                    raise RuntimeError("Response content longer than Content-Length")
+                self.expected_content_length -= len(body)
+                if body:
+                    self.transport.write(body)
+            if not more_body:
+                if self.expected_content_length != 0:
+                    raise RuntimeError("Response content shorter than Content-Length")
+                self.response_complete = True
+                self.message_event.set()
+                if not self.keep_alive:
+                    self.transport.close()
+                self.on_response()
+        else:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{message['type']}' sent, after response already completed."
+            )
+
+    def _start(self, message: ASGISendEvent) -> None:
+        if message["type"] != "http.response.start":
+            raise RuntimeError(
+                f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
+            )
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        status = message["status"]
+        headers = self.default_headers + list(message.get("headers", []))
+        if self.access_log:
+            self.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(self.scope),
+                self.scope["method"],
+                get_path_with_query_string(self.scope),
+                self.scope["http_version"],
+                status,
+            )
+        head, self.chunked_encoding, self.expected_content_length, self.keep_alive = response_head(
+            status, headers, keep_alive=self.keep_alive, head_request=self.scope["method"] == "HEAD"
+        )
+        self.transport.write(head)
+
+    async def receive(self) -> ASGIReceiveEvent:
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            if self.flow.read_paused:
+                self.flow.resume_reading()
+            if not self.message_event.is_set():
+                await self.message_event.wait()
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        message: HTTPRequestEvent = {
+            "type": "http.request",
+            "body": bytes(self.body),
+            "more_body": self.more_body,
+        }
+        self.body = bytearray()
+        return message
+
+
+class Flow(FlowControl):
+    """uvicorn's flow control with its writable event a `LazyEvent` from the start (uvicorn's
+    makes an `asyncio.Event`)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._is_writable_event = LazyEvent(True)  # type: ignore[assignment]
+
+
+def _addresses(
+    transport: asyncio.Transport,
+) -> tuple[tuple[str, int | None] | None, tuple[str, int] | None]:
+    """uvicorn's `get_local_addr` and `get_remote_addr`, from the addresses the event loop
+    read at accept (uvloop and asyncio keep them in the transport's extra info): uvicorn's
+    ask the socket again, each through a socket object made for the question. An address
+    that is not a (host, port, ...) tuple (a Unix socket's) is left to uvicorn's."""
+    local, remote = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+    if isinstance(local, tuple) and isinstance(remote, tuple):
+        return local[:2], remote[:2]
+    return get_local_addr(transport), get_remote_addr(transport)
+
+
+_LENIENT = hasattr(httptools.HttpRequestParser, "set_dangerous_leniencies")  # httptools >= 0.6.3
+
+
 def _request_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
     """A request parser for `protocol`, as uvicorn makes one."""
     parser = httptools.HttpRequestParser(protocol)
-    with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+    if _LENIENT:
         parser.set_dangerous_leniencies(lenient_data_after_close=True)
     return parser
 

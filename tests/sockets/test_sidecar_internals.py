@@ -61,11 +61,23 @@ def test_the_installed_uvicorn_is_a_checked_release() -> None:
     assert not uvicorn_internals.checked("99.0.0")
 
 
-def test_the_uvicorn_gate_says_no_when_a_hook_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checked version whose protocol lost a hook this module overrides is refused too."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+@pytest.mark.parametrize(
+    ("owner", "hook"),
+    [
+        ("HttpToolsProtocol", "_unsupported_upgrade_warning"),
+        ("HttpToolsProtocol", "on_response_complete"),
+        ("RequestResponseCycle", "receive"),
+    ],
+)
+def test_the_uvicorn_gate_says_no_when_a_hook_is_gone(
+    owner: str, hook: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checked version whose protocol or request cycle lost a method this module writes
+    out or calls is refused too."""
+    from uvicorn.protocols.http import httptools_impl
 
-    monkeypatch.delattr(HttpToolsProtocol, "_unsupported_upgrade_warning")
+    assert uvicorn_internals.checked()
+    monkeypatch.delattr(getattr(httptools_impl, owner), hook)
     assert not uvicorn_internals.checked()
 
 

@@ -24,7 +24,8 @@ SERVERS: tuple[Server, ...] = ("uvicorn-httptools", "uvicorn-h11", "hypercorn")
 
 
 def bound_socket(host: str = "127.0.0.1") -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.set_inheritable(True)
@@ -41,14 +42,15 @@ class _QuietUvicorn(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serve(
-    app: ASGIApp, server: Server = "uvicorn-httptools", **options: Any
+    app: ASGIApp, server: Server = "uvicorn-httptools", host: str = "127.0.0.1", **options: Any
 ) -> AsyncIterator[int]:
-    """Serve `app` on 127.0.0.1 and yield the port; stop the server on exit.
+    """Serve `app` on `host` (127.0.0.1, or e.g. ::1) and yield the port; stop the server on
+    exit.
 
     `sidecar` is uvicorn with the sidecar's HTTP/1.1 protocol
     (`sidecar.servers.uvicorn_internals`), which also offers the `SEND_NOWAIT` extension:
     serve the sidecar's app with it."""
-    sock = bound_socket()
+    sock = bound_socket(host)
     port = int(sock.getsockname()[1])
     if server == "hypercorn":
         from hypercorn.asyncio import serve as hypercorn_serve
@@ -62,7 +64,7 @@ async def serve(
             setattr(config, key, value)
         stop = asyncio.Event()
         task = asyncio.create_task(hypercorn_serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
-        await wait_listening(port)
+        await wait_listening(port, host=host)
         try:
             yield port
         finally:
@@ -93,11 +95,11 @@ async def serve(
         sock.close()
 
 
-async def wait_listening(port: int, attempts: int = 400) -> None:
-    """Return once 127.0.0.1:`port` accepts a connection (5 ms between tries)."""
+async def wait_listening(port: int, attempts: int = 400, host: str = "127.0.0.1") -> None:
+    """Return once `host`:`port` accepts a connection (5 ms between tries)."""
     for _ in range(attempts):
         try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            _, writer = await asyncio.open_connection(host, port)
         except OSError:
             await asyncio.sleep(0.005)
             continue
