@@ -12,10 +12,10 @@ correctness, and an upper bound would block users from uvicorn's own fixes.
 Private names used (only when the gate says yes, except `capture_signals`):
 - `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`: subclassed. Its `__init__` and
   the callbacks run for every connection and request (`connection_made`, `connection_lost`,
-  `data_received`, `on_message_begin`, `on_headers_complete`, `on_message_complete`,
-  `on_response_complete`) are written out here with the sidecar's additions in line,
-  setting uvicorn's fields for the methods of its that still run (`on_header`, `on_url`,
-  `on_body`, `_start_asgi_task`, `send_400_response`, the upgrade ones,
+  `data_received`, `on_message_begin`, `on_header`, `on_headers_complete`,
+  `on_message_complete`, `on_response_complete`) are written out here with the sidecar's
+  additions in line, setting uvicorn's fields for the methods of its that still run
+  (`on_url`, `on_body`, `_start_asgi_task`, `send_400_response`, the upgrade ones,
   `shutdown`, the keep-alive timeout); `_unsupported_upgrade_warning` overridden; `parser`
   dropped between requests and made again as uvicorn makes it.
 - `RequestResponseCycle`: subclassed (`RequestCycle`): `__init__`, `send` and `receive`
@@ -70,6 +70,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Generator
+from itertools import repeat
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -101,6 +102,7 @@ _PROTOCOL_HOOKS = (  # written out here, or called by name
     "connection_lost",
     "data_received",
     "on_message_begin",
+    "on_header",
     "on_headers_complete",
     "on_message_complete",
     "on_response_complete",
@@ -436,6 +438,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
             "state": self.app_state.copy(),
         }
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))  # as read: made uvicorn's all at once, below
+
     def on_headers_complete(self) -> None:
         self._in_head = self._began = False
         if self._head_timer is not None:
@@ -445,6 +450,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         if method == b"CONNECT":
             self._refuse_connect()
             return
+        if self.headers:
+            self.expect_100_continue = _read_headers(self.headers)
         http_version = parser.get_http_version()
         scope["method"] = method.decode("ascii")
         if http_version != "1.1":
@@ -642,6 +649,18 @@ class Flow(FlowControl):
         self.read_paused = False
         self.write_paused = False
         self._is_writable_event = LazyEvent(True)  # type: ignore[assignment]
+
+
+def _read_headers(headers: list[tuple[bytes, bytes]]) -> bool:
+    """uvicorn's `on_header`, for all of a request's headers at once, in place: names
+    lower-cased, values without the trailing blanks llhttp keeps. Is one of them
+    `expect: 100-continue`?"""
+    names, values = zip(*headers, strict=True)
+    names = tuple(map(bytes.lower, names))
+    headers[:] = zip(names, map(bytes.rstrip, values, repeat(b" \t")), strict=True)
+    return b"expect" in names and (b"expect", b"100-continue") in (
+        (name, value.lower()) for name, value in headers
+    )
 
 
 def _addresses(

@@ -327,9 +327,44 @@ async def test_a_client_that_leaves_mid_response_is_told_to_the_app(
     assert [r for r in kept.records if r.levelno >= logging.ERROR] == []
 
 
+async def test_the_app_sees_the_request_headers_uvicorn_gives_it() -> None:
+    """Request headers in the scope: names lower-cased, values without trailing blanks (their
+    inner and non-ASCII bytes kept), in order, repeats kept; the same when the head arrives
+    in pieces that split a header."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        data = repr(scope["headers"]).encode()
+        await send(start(200, length(data)))
+        await send(body(data))
+
+    head = (
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Trailing: a b \t \r\nX-REPEAT: 1\r\nx-repeat: 2\r\n"
+        b"X-Empty:\r\nX-High: caf\xc3\xa9\r\nUser-Agent: OpenAI/Python 1.0\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    wired = await both(app, head)
+    assert wired.endswith(
+        repr(
+            [
+                (b"host", b"x"),
+                (b"x-trailing", b"a b"),
+                (b"x-repeat", b"1"),
+                (b"x-repeat", b"2"),
+                (b"x-empty", b""),
+                (b"x-high", b"caf\xc3\xa9"),
+                (b"user-agent", b"OpenAI/Python 1.0"),
+                (b"connection", b"close"),
+            ]
+        ).encode()
+    )
+    assert await both(app, head[:30], head[30:50], head[50:], pause=0.02) == wired
+
+
 async def test_expect_100_continue_is_answered_when_the_app_reads_the_body() -> None:
-    """`Expect: 100-continue`: the interim `100 Continue` goes out when the app first asks
-    for the body, not before; an app that answers without reading sends none."""
+    """`Expect: 100-continue` (in any case): the interim `100 Continue` goes out when the app
+    first asks for the body, not before; an app that answers without reading sends none."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -343,7 +378,7 @@ async def test_expect_100_continue_is_answered_when_the_app_reads_the_body() -> 
     def expecting(path: bytes, close: bool) -> bytes:
         connection = b"Connection: close\r\n" if close else b""
         return (
-            b"POST %s HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n%s\r\n"
+            b"POST %s HTTP/1.1\r\nHost: x\r\nEXPECT: 100-Continue \r\nContent-Length: 3\r\n%s\r\n"
             % (
                 path,
                 connection,
