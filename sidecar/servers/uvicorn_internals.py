@@ -297,8 +297,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
 
     uvicorn's callbacks for each connection and each request are written out here, the
     sidecar's additions in line; its other methods run as they are, on the fields set here.
-    uvicorn's two loggers are class attributes (it looks them up per connection). A
-    connection's addresses come from the transport, which read them at accept.
+    What uvicorn sets alike on every connection is set once: its two loggers (which it looks
+    up per connection) and what a server passes each connection (`_serve`). A connection's
+    addresses come from the transport, which read them at accept.
     """
 
     # Slots (this class's and its two parts' fields): uvicorn's own fields stay in the
@@ -317,6 +318,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
 
     logger = logging.getLogger("uvicorn.error")
     access_logger = logging.getLogger("uvicorn.access")
+    _served: ServerState | None = None  # the server whose fields the class holds (_serve)
 
     def __init__(
         self,
@@ -325,21 +327,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        if not config.loaded:
-            config.load()
-        self.config = config
-        self.app = config.loaded_app
-        self.loop = _loop or asyncio.get_event_loop()
+        if self._served is not server_state:
+            _serve(self, config, server_state, app_state, _loop)
         self.access_log = self.access_logger.hasHandlers()
-        self.ws_protocol_class = config.ws_protocol_class
-        self.root_path = config.root_path
-        self.asgi_version = config.asgi_version
-        self.limit_concurrency = config.limit_concurrency
-        self.app_state = app_state
-        self.timeout_keep_alive = config.timeout_keep_alive
-        self.server_state = server_state
-        self.connections = server_state.connections
-        self.tasks = server_state.tasks
         self.parser = None  # type: ignore[assignment]  # made at the first bytes
         self.timeout_keep_alive_task = None
         self.transport = None  # type: ignore[assignment]
@@ -518,6 +508,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
     def _unsupported_upgrade_warning(self) -> None:
         if not self._refused:  # CONNECT already answered: nothing to warn about
             super()._unsupported_upgrade_warning()
+
+
+def _serve(
+    protocol: GuardedHttpToolsProtocol,
+    config: Config,
+    server_state: ServerState,
+    app_state: dict[str, Any],
+    loop: asyncio.AbstractEventLoop | None,
+) -> None:
+    """uvicorn's fields that every connection of a server has alike: kept on the protocol's
+    class for the first server that uses it (`protocol_class` makes a class per listener),
+    set on each connection, as uvicorn sets them, for any other server."""
+    on_class = type(protocol)._served is None
+    owner: Any = type(protocol) if on_class else protocol
+    if not config.loaded:
+        config.load()
+    owner.config = config
+    # On the class a plain function would be bound to the connection as a method.
+    owner.app = staticmethod(config.loaded_app) if on_class else config.loaded_app
+    owner.loop = loop or asyncio.get_event_loop()
+    owner.ws_protocol_class = config.ws_protocol_class
+    owner.root_path = config.root_path
+    owner.asgi_version = config.asgi_version
+    owner.limit_concurrency = config.limit_concurrency
+    owner.app_state = app_state
+    owner.timeout_keep_alive = config.timeout_keep_alive
+    owner.server_state = server_state
+    owner.connections = server_state.connections
+    owner.tasks = server_state.tasks
+    owner._served = server_state
 
 
 class RequestCycle(RequestResponseCycle):

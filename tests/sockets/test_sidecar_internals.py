@@ -31,7 +31,7 @@ from sidecar.config import load
 from sidecar.emulator import Stats, make_app
 from sidecar.servers import hypercorn_internals, uvicorn_internals
 from sidecar.servers.hypercorn_listener import HypercornListener
-from sidecar.servers.uvicorn_listener import traffic_server, use_internals
+from sidecar.servers.uvicorn_listener import traffic_protocol, traffic_server, use_internals
 from sidecar.upstream import httpcore_internals
 from sidecar.upstream.pools import make_pool
 from sidecar.upstream.types import Upstream
@@ -169,6 +169,42 @@ async def test_the_sidecars_protocol_holds_a_connection_in_less_memory_than_uvic
     ours = await _heap_per_connection("sidecar")
     theirs = await _heap_per_connection("uvicorn-httptools")
     assert ours < theirs - 2048, (ours, theirs)
+
+
+async def test_servers_sharing_the_sidecars_protocol_class_each_serve_their_own_app() -> None:
+    """The protocol class keeps what a server passes every connection for the first server
+    that uses it: a second server given the same class still runs its own app, with its own
+    root path, and each kept-alive connection keeps its server's, whichever server the
+    connections before and after it came to."""
+    protocol = traffic_protocol(load(["--upstream", "http://127.0.0.1:1"], environ={}))
+
+    def answering(name: bytes) -> Any:
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                return
+            body = name + b" " + scope["root_path"].encode() + b" " + scope["path"].encode()
+            headers = [(b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        return app
+
+    async with (
+        serve(answering(b"a"), http=protocol, proxy_headers=False) as a,
+        serve(answering(b"b"), http=protocol, proxy_headers=False, root_path="/b") as b,
+    ):
+        connections = {}
+        bodies = []
+        for name, port in (("b", b), ("a", a), ("b", b), ("a", a)):  # each: a request on it
+            if name not in connections:  # (then on a new connection to the other server)
+                connections[name] = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = connections[name]
+            writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            response = await asyncio.wait_for(read_response(reader, writer), 5)
+            bodies.append(await asyncio.wait_for(response.body(), 5))
+        for _, writer in connections.values():
+            writer.close()
+    assert bodies == [b"b /b /b/x", b"a  /x"] * 2
 
 
 async def test_each_request_on_a_kept_alive_connection_is_parsed_anew() -> None:
