@@ -6,8 +6,9 @@ A plain function of the message and the request: no I/O, no uvicorn import. uvic
 which the tests hold this to by comparing the two on the same messages:
 - the status line from `http.HTTPStatus` (no phrase for a code it does not know; a status
   outside 100..599 is a `KeyError`);
-- a name with a control byte, a space or a separator (RFC 9110 `tchar`s only, plus a few
-  uvicorn lets through), or a value with a control byte other than tab, is refused:
+- a name with a control byte, a space or one of `()<>@,;:\\"[]={}` (RFC 9110's delimiters
+  but `/` and `?`; bytes above 0x7f pass), or a value with a control byte other than tab
+  (CR and LF among them: no header smuggled in), is refused:
   `RuntimeError("Invalid HTTP header name.")` / `("Invalid HTTP header value.")`, for the
   first bad header in order, its name before its value;
 - names are written lower-cased, values as given;
@@ -19,7 +20,7 @@ which the tests hold this to by comparing the two on the same messages:
   says `connection: close` unless the app already did.
 
 Only a head with one of the three framing names pays for a loop over its headers; a bad or
-unusual one (a header not a two-item tuple of bytes) is redone by the plain loop, uvicorn's,
+unusual one (a name not `bytes`, an item not a pair) is redone by the plain loop, uvicorn's,
 which raises what uvicorn raises.
 """
 
