@@ -22,8 +22,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from middleware.cycle import Cycle, Settings
-from middleware.dialects import Frame, StreamStats, sniff
+from middleware.dialects import StreamStats, sniff
 from middleware.errors import StreamError
+from middleware.frame import Frame
 from middleware.sse import LineState, advance
 from middleware.telemetry.finish import finish
 from middleware.telemetry.gaps import TIMES_KEPT
