@@ -20,7 +20,6 @@ from time import monotonic
 from typing import Protocol
 
 from middleware.errors import Outcome, StreamError
-from middleware.framing import Inflater
 from middleware.phases import Phase
 from middleware.sse import LineState, SSEScanner, advance
 from middleware.types import SendNowait
@@ -49,6 +48,15 @@ class Edit(Protocol):
         """Forget the last call: its output was not written (the chunk comes again)."""
 
 
+class Decoder(Protocol):
+    """A compressed body's decoder (`framing.Inflater`). Declared here, not imported: the
+    dialects, which `framing` imports, take `Frame` from `speedups`, which imports this."""
+
+    def decompress(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 class RelayCore:
     """A stream's per-chunk state (the rest of it is `relay.Relay`'s); slotted, so that the
     fields a chunk touches sit in the object itself."""
@@ -72,7 +80,7 @@ class RelayCore:
     reason: StreamError | Outcome | None  # why the guard stopped the app
     sending_since: float | None  # a write to the client under way since
     keepalive: asyncio.Task[None] | None  # a keep-alive being written
-    inflater: Inflater | None
+    inflater: Decoder | None
     server_nowait: SendNowait | None  # the server's synchronous body write, if offered
     edit: Edit | None  # what the guard changes in the stream's bytes, if anything
     scanner: SSEScanner | None  # until the first token

@@ -1,6 +1,6 @@
-"""The per-chunk core's two twins — Python (`middleware/relaycore.py`, `sidecar/upstream/
-h1core.py`, uvicorn_internals' closure) and compiled (`middleware/_relaycore.c`,
-`sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
+"""The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
+`sidecar/upstream/h1core.py`, uvicorn_internals' closure) and compiled
+(`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
 with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each way)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middleware import relaycore, speedups
+from middleware import frame, relaycore, speedups
 from middleware.phases import Phase
 from middleware.sse import LineState, advance
 from sidecar.servers import uvicorn_internals
@@ -31,6 +31,7 @@ def _built(name: str) -> Any:
 
 
 compiled_relay = _built("middleware._relaycore")
+compiled_frame = _built("middleware._frame")
 compiled_sidecar = _built("sidecar._core")
 TWINS = ["python", "compiled"]
 
@@ -43,10 +44,13 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
 
     if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
         assert Relay.__mro__[1] is relaycore.RelayCore
+        assert speedups.Frame is frame.Frame
         assert H1Connection.__mro__[1] is h1core.H1Core
     else:
-        assert compiled_relay is not None and compiled_sidecar is not None, "not built"
+        built = (compiled_relay, compiled_frame, compiled_sidecar)
+        assert None not in built, "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
+        assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
 
 
@@ -229,6 +233,172 @@ def test_the_compiled_line_state_is_sse_advance(state: LineState, chunk: bytes) 
     r.line_state = state
     r._relayed(chunk, 2.0)
     assert r.line_state is advance(state, chunk)
+
+
+# -- Frame -------------------------------------------------------------------------------
+
+# A chat stream's token chunk around its content string, as a server writes each one.
+PREFIX = (
+    b'data: {"id":"c-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":"'
+)
+MARKER = b'"},"logprobs":null,"finish_reason":null}]'
+SUFFIX = MARKER + b"}\n\n"
+
+
+def token(content: bytes, suffix: bytes = SUFFIX) -> bytes:
+    return PREFIX + content + suffix
+
+
+def make_frame(
+    twin: str, prefix: bytes = PREFIX, marker: bytes = MARKER, suffix: bytes = SUFFIX
+) -> Any:
+    _need(compiled_frame, twin)
+    return (frame.Frame if twin == "python" else compiled_frame.Frame)(prefix, marker, suffix)
+
+
+@pytest.mark.parametrize(
+    "prefix, marker, suffix",
+    [(PREFIX, MARKER, SUFFIX), (PREFIX, MARKER, MARKER + b',"t":1}\n\n'), (b"", b"", b"")],
+)
+def test_a_compiled_frame_is_built_as_the_python_one(
+    prefix: bytes, marker: bytes, suffix: bytes
+) -> None:
+    """The same parts and the same lengths derived from them, and no tail seen yet."""
+    python = make_frame("python", prefix, marker, suffix)
+    compiled = make_frame("compiled", prefix, marker, suffix)
+    for name in ("prefix", "marker", "suffix", "start", "shortest", "tail_len", "varies"):
+        assert getattr(compiled, name) == getattr(python, name), name
+
+
+STAMPED = MARKER + b',"t":1730000000}\n\n'  # a tail of its own, as the emulator's stamp
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize(
+    "body, matches, varies",
+    [
+        (token(b"hi"), True, False),
+        (token(b'\\"'), True, False),  # an escaped quote is content
+        (token(b""), False, False),  # "content":""
+        (token(b'", "role":"x'), False, False),  # "" then another key
+        (token(b"a\n"), False, False),  # a line end: two lines
+        (token(b"a\n\ndata: x"), False, False),  # two events
+        (PREFIX + SUFFIX[1:], False, False),  # overlapping at the quote
+        (PREFIX[1:] + b"x" + SUFFIX, False, False),  # not the prefix
+        (token(b"x")[:-1], False, False),  # no event end yet
+        (PREFIX + b"x", False, False),  # shorter than any token chunk
+        (token(b"x", STAMPED), True, True),  # a tail of its own: learnt that tails vary
+        (token(b"x", MARKER + b',"usage":null}\n\n'), True, True),
+        (token(b"x", MARKER + b',"usage":{"completion_tokens":1}}\n\n'), False, False),
+        (token(b"x", MARKER + b"}\n \n\n"), True, True),  # a line of spaces: no event
+        (token(b"x", MARKER + b"}\n\ndata: {}\n\n"), False, False),  # a second event
+        (token(b"x", b'"}}]}\n\n'), False, False),  # the choices end otherwise
+    ],
+)
+def test_each_twin_of_frame_matches_one_token_event_of_the_frame(
+    twin: str, body: bytes, matches: bool, varies: bool
+) -> None:
+    """A chunk is one token of the frame when it has the prefix, non-empty content on one
+    line, and the suffix, or the marker and a tail without usage (which teaches the frame
+    that tails vary): each twin by the rule."""
+    f = make_frame(twin)
+    assert f.matches(body) is matches
+    assert f.varies is varies
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_once_tails_vary_every_chunk_takes_the_marker_check(twin: str) -> None:
+    """After a tail of its own, the learned suffix still matches and the rule is the same."""
+    f = make_frame(twin)
+    assert f.matches(token(b"x", STAMPED)) and f.varies
+    assert f.matches(token(b"y"))
+    assert not f.matches(token(b""))
+    assert not f.matches(token(b"a\n"))
+    assert f.matches(token(b"z", MARKER + b',"t":2}\n\n'))
+
+
+def _same(python: Any, compiled: Any, bodies: list[bytes]) -> None:
+    for body in bodies:
+        assert compiled.matches(body) is python.matches(body), body
+        assert compiled.varies is python.varies, body
+
+
+# What a body is made of around a frame's parts: bytes the rule looks at.
+CONTENTS = [b"x", b"", b'"', b'\\"', b"a\n", b"}]", b"\\", b"\r"]
+TAILS = [b"", b"}", b',"t":9}', b',"usage":null}', b',"usage":{}}', b'"usage"usage":null}']
+ENDS = [b"\n\n", b"\n", b"", b" \n\n", b"\n\t\n\n", b"\n\x0b\n\n", b"\n\x0c\n\n", b"\r\n\r\n"]
+ENDS += [b"\n\ndata: x\n\n", b"\n\x1c\n\n"]  # two events; a byte str.strip() takes, not bytes'
+
+
+@st.composite
+def around(draw: st.DrawFn, parts: tuple[bytes, bytes, bytes]) -> bytes:
+    """A body around a frame: its prefix (or not quite), content, then the suffix whole or
+    cut, or the marker (or not) and a tail, and an event's end (or something like it)."""
+    prefix, marker, suffix = parts
+    head = draw(st.sampled_from([prefix, prefix, prefix[1:], prefix[:-1], b"d"]))
+    content = draw(st.sampled_from(CONTENTS))
+    cut = draw(st.integers(0, len(suffix)))
+    tail, end = draw(st.sampled_from(TAILS)), draw(st.sampled_from(ENDS))
+    ending = draw(
+        st.sampled_from(
+            [suffix, suffix, suffix[cut:], suffix[:cut], marker + tail + end, tail + end, end]
+        )
+    )
+    return head + content + ending
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from([SUFFIX, STAMPED]), st.data())
+def test_the_compiled_frame_decides_any_body_as_the_python_one(
+    suffix: bytes, data: st.DataObject
+) -> None:
+    """A chat stream's frame (its suffix learnt with a constant tail or a stamp) and random
+    bodies around it, one after another: the compiled frame gives the Python one's answer
+    each time, and learns that tails vary at the same chunk."""
+    parts = (PREFIX, MARKER, suffix)
+    python, compiled = make_frame("python", *parts), make_frame("compiled", *parts)
+    _same(python, compiled, data.draw(st.lists(around(parts), max_size=10)))
+
+
+@st.composite
+def odd_frames(draw: st.DrawFn) -> tuple[bytes, bytes, bytes]:
+    """Frames no dialect would learn: empty parts, a suffix longer than most bodies, a
+    marker longer than the suffix or not at its start."""
+    prefix = draw(st.sampled_from([b"", b"d", b'{"c":"', b'"}]', PREFIX]))
+    marker = draw(st.sampled_from([b"", b'"', b'"}]', b"}]", MARKER]))
+    tail, end = draw(st.sampled_from(TAILS)), draw(st.sampled_from(ENDS))
+    suffix = draw(st.sampled_from([b"", marker, marker + tail + end, tail + end, b"0" * 24]))
+    return prefix, marker, suffix
+
+
+@settings(max_examples=1000, deadline=None)
+@given(odd_frames(), st.data())
+def test_the_compiled_frame_agrees_on_odd_frames_too(
+    parts: tuple[bytes, bytes, bytes], data: st.DataObject
+) -> None:
+    """Odd frames and bodies around them, short ones included, so that the rule's slices
+    run off either end of the body: the same answers (the compiled slices clamp and wrap
+    as Python's do)."""
+    python, compiled = make_frame("python", *parts), make_frame("compiled", *parts)
+    _same(python, compiled, data.draw(st.lists(around(parts), max_size=10)))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize(
+    "parts, body, matches",
+    [
+        ((b"d", b"", b"12345"), b"dx\n\n", True),  # the marker's slice starts before 0
+        ((b"d", b'"', b"0" * 24), b'dxxx"xxxxxxx\n\n', True),  # ... and ends before 0 too
+        ((b'"}]', b"}]", b"}]x\n\n"), b'"}]xy\n\n', False),  # the choices' end in the prefix
+    ],
+)
+def test_a_frame_takes_its_slices_as_python_does(
+    twin: str, parts: tuple[bytes, bytes, bytes], body: bytes, matches: bool
+) -> None:
+    """Where a frame's suffix is longer than the body, its slices count from the end, as
+    Python's do; a choices' end (`}]`) inside the prefix is not the marker's."""
+    assert make_frame(twin, *parts).matches(body) is matches
 
 
 # -- ChunkWriter -------------------------------------------------------------------------
