@@ -1,5 +1,5 @@
 """A stream's learned token chunk (`Frame`): how the relay's token path counts a token without
-parsing it (see `OpenAIChat.count_chunk`, which learns it).
+parsing it (see `OpenAIChat.count_chunk`, which learns it, and `RelayCore.send_nowait`).
 
 `middleware/_frame.c` is the same class compiled, line for line (the Python lines as
 comments above the C, in the same order); `middleware.speedups` picks it where it was built

@@ -96,21 +96,36 @@ class Edit:
         self.undone += 1
 
 
-def relay(twin: str, written: list[bytes], *, accept: bool = True) -> Any:
-    """A RelayCore of `twin` in BODY, past its first token, writing into `written`."""
+def relay(twin: str, written: list[bytes], *, accept: bool = True, observed: bool = False) -> Any:
+    """A RelayCore of `twin` in BODY, writing into `written`, with no frame learned. Its
+    token path folds every `times_kept` (3) times into `folds`. `observed`: a subclass's
+    `_relayed` (telemetry's cycle has one) keeps the chunks that reach it in `relayed`."""
     _need(compiled_relay, twin)
     base = relaycore.RelayCore if twin == "python" else compiled_relay.RelayCore
 
     class Relay(base):  # type: ignore[misc, valid-type]
-        __slots__ = ("scanned",)
+        __slots__ = ("folds", "relayed", "scanned")
+        times_kept = 3
 
         def _scan(self, body: bytes, now: float) -> None:
             self.scanned.append(body)
 
-    r = Relay()
-    r.scanned = []
+        def _fold(self) -> None:
+            self.folds.append(list(self.times))
+            self.times.clear()
+
+    class Observed(Relay):
+        __slots__ = ()
+
+        def _relayed(self, body: bytes, now: float) -> None:
+            self.relayed.append(body)
+
+    r = Observed() if observed else Relay()
+    r.scanned, r.folds, r.times, r.relayed = [], [], [], []
     r.phase = Phase.BODY
     r.reason = r.sending_since = r.keepalive = r.inflater = r.edit = r.scanner = None
+    r.frame = None
+    r.chunks = r.body_bytes = 0
     r.first_token_at = None
     r.line_state = LineState.EVENT
     r.last_chunk = r.last_write = 0.0
@@ -213,7 +228,7 @@ def test_an_overridden_relayed_is_the_one_called(twin: str) -> None:
             self.calls.append((body, now))
 
     r = Observed()
-    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner"):
+    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner", "frame"):
         setattr(r, name, None)
     r.phase, r.calls, r.server_nowait = Phase.BODY, [], lambda body: True
     assert r.send_nowait(b"x")
@@ -399,6 +414,88 @@ def test_a_frame_takes_its_slices_as_python_does(
     """Where a frame's suffix is longer than the body, its slices count from the end, as
     Python's do; a choices' end (`}]`) inside the prefix is not the marker's."""
     assert make_frame(twin, *parts).matches(body) is matches
+
+
+# -- RelayCore's token path --------------------------------------------------------------
+
+
+def learned(twin: str, frame_twin: str, written: list[bytes], *, accept: bool = True) -> Any:
+    """A relay past its first token whose stream's frame is learned, with telemetry's
+    `_relayed` (the chunks that reach it are kept in `relayed`)."""
+    r = relay(twin, written, accept=accept, observed=True)
+    r.first_token_at = 1.0
+    r.frame = make_frame(frame_twin)
+    return r
+
+
+@pytest.mark.parametrize("frame_twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_token_chunk_of_the_frame_is_tallied_in_place_of_relayed(
+    twin: str, frame_twin: str
+) -> None:
+    """A chunk the stream's frame matches is written and counted by the core itself: the
+    chunk, its bytes, the idle clock, its time; the subclass's `_relayed` never sees it, and
+    the first token and the line state stay as they were (it is one whole event)."""
+    written: list[bytes] = []
+    r = learned(twin, frame_twin, written)
+    body = token(b"hi")
+    assert r.send_nowait(body) is True
+    assert written == [body] and r.relayed == []
+    assert (r.chunks, r.body_bytes) == (1, len(body))
+    assert r.times == [r.last_write] and r.last_chunk == r.last_write > 1.0
+    assert r.first_token_at == 1.0 and r.line_state is LineState.EVENT
+
+
+@pytest.mark.parametrize("frame_twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS)
+def test_any_other_chunk_goes_to_relayed_untallied(twin: str, frame_twin: str) -> None:
+    """A chunk the frame does not match (empty content, two lines, [DONE], half an event)
+    goes to `_relayed`, written but not counted by the core."""
+    written: list[bytes] = []
+    r = learned(twin, frame_twin, written)
+    others = [token(b""), token(b"a\n"), b"data: [DONE]\n\n", token(b"x")[:-1]]
+    for body in others:
+        assert r.send_nowait(body) is True
+    assert written == r.relayed == others
+    assert (r.chunks, r.body_bytes, r.times) == (0, 0, [])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_without_a_frame_a_token_chunk_goes_to_relayed(twin: str) -> None:
+    """No frame learned (telemetry off, or a read left the stream inside an event): every
+    chunk is `_relayed`'s."""
+    r = relay(twin, [], observed=True)
+    assert r.send_nowait(token(b"x")) and r.relayed == [token(b"x")] and r.times == []
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_token_times_are_folded_each_times_kept(twin: str) -> None:
+    """`_fold` is called when the times held reach `times_kept` (a class attribute), and
+    only then; every token is counted across the folds."""
+    r = learned(twin, twin, [])
+    for _ in range(7):
+        assert r.send_nowait(token(b"x"))
+    assert [len(batch) for batch in r.folds] == [3, 3] and len(r.times) == 1
+    assert r.chunks == 7 and r.body_bytes == 7 * len(token(b"x"))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_token_chunk_the_server_refuses_is_not_tallied(twin: str) -> None:
+    """Flow control: the chunk comes again by `send`, so it is counted then, not now."""
+    r = learned(twin, twin, [], accept=False)
+    assert r.send_nowait(token(b"x")) is False
+    assert (r.chunks, r.times, r.relayed) == (0, [], [])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_tally_is_the_token_paths_accounting_for_send(twin: str) -> None:
+    """`_tally`, which `send` calls for a token chunk of the frame, counts as `send_nowait`
+    does, at the time it is given."""
+    r = learned(twin, twin, [])
+    body = token(b"x")
+    r._tally(body, 5.0)
+    assert (r.chunks, r.body_bytes, r.last_chunk, r.times) == (1, len(body), 5.0, [5.0])
+    assert r.relayed == [] and r.first_token_at == 1.0
 
 
 # -- ChunkWriter -------------------------------------------------------------------------
