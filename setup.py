@@ -29,6 +29,7 @@ setup(
         Extension(name, [path], extra_compile_args=FLAGS)
         for name, path in [
             ("middleware._relaycore", "middleware/_relaycore.c"),
+            ("middleware._frame", "middleware/_frame.c"),
             ("sidecar._core", "sidecar/_core.c"),
         ]
     ],

@@ -1,13 +1,15 @@
 /* middleware/_relaycore.c: `RelayCore` of middleware/relaycore.py, compiled.
  *
- * The same class, line for line: the same fields (as C members), `send_nowait` and
- * `_relayed` in the same order, each Python line as a comment above its C. Read it beside
- * relaycore.py; a change to one is a change to the other (the test suite runs once with
- * each: SIDESTREAM_NO_EXTENSIONS=1 picks the Python one). `advance` is sse.advance.
+ * The same class, line for line: the same fields (as C members), `send_nowait`, `_tally`
+ * and `_relayed`, each Python line as a comment above its C. Read it beside relaycore.py; a
+ * change to one is a change to the other (the test suite runs once with each:
+ * SIDESTREAM_NO_EXTENSIONS=1 picks the Python one). `advance` is sse.advance.
  *
  * Subclassed by relay.Relay (Python), which reads and writes these fields like slots.
  * `_relayed` may be overridden (telemetry's ObservedCycle): `send_nowait` calls the
- * override through the type; the compiled `_relayed` directly when there is none.
+ * override through the type; the compiled `_relayed` directly when there is none. A token
+ * chunk of the stream's `frame` goes to the compiled `_tally` instead, which calls no
+ * Python unless the frame is Python's (`frame.matches`) or the times are due a `_fold`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,17 +23,21 @@ enum { EVENT, LINE, MID, CR_LINE, CR_EVENT };
 static const int AFTER_LF[5] = {EVENT, EVENT, LINE, LINE, EVENT};
 static const int AFTER_CR[5] = {CR_EVENT, CR_EVENT, CR_LINE, CR_EVENT, CR_EVENT};
 
-static PyObject *str_ends, *str_undo, *str_scan, *str_relayed;
+static PyObject *str_ends, *str_undo, *str_scan, *str_relayed, *str_matches, *str_times_kept,
+    *str_fold;
 static PyObject *relayed_descr = NULL; /* RelayCore._relayed, to spot an override */
 
 typedef struct {
     PyObject_HEAD
+    Py_ssize_t body_bytes;
+    Py_ssize_t chunks;
     PyObject *edit;
     /* edit.ends, read once when the edit is set (an edit's `ends` is fixed): whether it is
      * None (every chunk is the edit's), else its bytes as a 256-bit set */
     char edit_every;
     unsigned char edit_ends[32];
     PyObject *first_token_at;
+    PyObject *frame;
     PyObject *inflater;
     PyObject *keepalive;
     double last_chunk;
@@ -42,6 +48,7 @@ typedef struct {
     PyObject *scanner;
     PyObject *sending_since;
     PyObject *server_nowait;
+    PyObject *times;
 } RelayCore;
 
 /* time.monotonic(): the same clock (CLOCK_MONOTONIC), as a float of seconds */
@@ -117,6 +124,67 @@ static PyObject *RelayCore_relayed(RelayCore *self, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* def _tally(self, body, now) */
+static int tally(RelayCore *self, PyObject *body, double now) {
+    /* self.chunks += 1 */
+    self->chunks += 1;
+    /* self.body_bytes += len(body) */
+    self->body_bytes += PyBytes_GET_SIZE(body);
+    /* self.last_chunk = now */
+    self->last_chunk = now;
+    /* times = self.times */
+    PyObject *times = self->times;
+    if (!PyList_Check(times)) {
+        PyErr_SetString(PyExc_TypeError, "times is a list");
+        return -1;
+    }
+    /* times.append(now) */
+    PyObject *at = PyFloat_FromDouble(now);
+    if (at == NULL) return -1;
+    int appended = PyList_Append(times, at);
+    Py_DECREF(at);
+    if (appended < 0) return -1;
+    /* if len(times) >= self.times_kept: (a class attribute) */
+    PyObject *kept = _PyType_Lookup(Py_TYPE(self), str_times_kept);
+    if (kept == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "times_kept");
+        return -1;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(kept);
+    if (limit == -1 && PyErr_Occurred()) return -1;
+    if (PyList_GET_SIZE(times) >= limit) {
+        /* self._fold() */
+        PyObject *r = PyObject_CallMethodNoArgs((PyObject *)self, str_fold);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+static PyObject *RelayCore_tally(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_tally(body: bytes, now: float)");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (tally(self, args[0], now) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* `frame.matches(body)`: 1, 0, or -1 with an error */
+static int matches(PyObject *frame, PyObject *body) {
+    PyObject *args[2] = {frame, body};
+    Py_INCREF(frame); /* the call may replace self.frame */
+    PyObject *r = PyObject_VectorcallMethod(
+        str_matches, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(frame);
+    if (r == NULL) return -1;
+    int ok = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return ok;
+}
+
 /* The server's write: `self.server_nowait(body)`, True when written */
 static int server_write(RelayCore *self, PyObject *body) {
     PyObject *r = PyObject_CallOneArg(self->server_nowait, body);
@@ -175,7 +243,18 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
     }
     /* self.last_write = now = monotonic() */
     double now = self->last_write = monotonic();
-    /* self._relayed(body, now): the compiled one unless a subclass overrides it */
+    /* frame = self.frame
+     * if frame is not None and frame.matches(body): self._tally(body, now) */
+    PyObject *frame = self->frame;
+    if (frame != Py_None) {
+        int ok = matches(frame, body);
+        if (ok < 0) return NULL;
+        if (ok) {
+            if (tally(self, body, now) < 0) return NULL;
+            Py_RETURN_TRUE;
+        }
+    }
+    /* else: self._relayed(body, now): the compiled one unless a subclass overrides it */
     PyObject *method = _PyType_Lookup(Py_TYPE(self), str_relayed);
     if (method == relayed_descr) {
         if (relayed(self, body, now) < 0) return NULL;
@@ -195,8 +274,8 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
 /* -- the type: fields, GC, construction ------------------------------------------------ */
 
 #define FIELDS_BUT_EDIT(X) \
-    X(first_token_at) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) X(scanner) \
-    X(sending_since) X(server_nowait)
+    X(first_token_at) X(frame) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) \
+    X(scanner) X(sending_since) X(server_nowait) X(times)
 #define FIELDS(X) X(edit) FIELDS_BUT_EDIT(X)
 
 static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -283,6 +362,8 @@ static PyMemberDef RelayCore_members[] = {
 #define MEMBER(name) {#name, T_OBJECT_EX, offsetof(RelayCore, name), 0, NULL},
     FIELDS_BUT_EDIT(MEMBER)
 #undef MEMBER
+    {"body_bytes", T_PYSSIZET, offsetof(RelayCore, body_bytes), 0, NULL},
+    {"chunks", T_PYSSIZET, offsetof(RelayCore, chunks), 0, NULL},
     {"last_chunk", T_DOUBLE, offsetof(RelayCore, last_chunk), 0, NULL},
     {"last_write", T_DOUBLE, offsetof(RelayCore, last_write), 0, NULL},
     {NULL},
@@ -290,6 +371,7 @@ static PyMemberDef RelayCore_members[] = {
 
 static PyMethodDef RelayCore_methods[] = {
     {"send_nowait", (PyCFunction)RelayCore_send_nowait, METH_O, NULL},
+    {"_tally", (PyCFunction)(void (*)(void))RelayCore_tally, METH_FASTCALL, NULL},
     {"_relayed", (PyCFunction)(void (*)(void))RelayCore_relayed, METH_FASTCALL, NULL},
     {NULL},
 };
@@ -345,7 +427,12 @@ PyMODINIT_FUNC PyInit__relaycore(void) {
     str_undo = PyUnicode_InternFromString("undo");
     str_scan = PyUnicode_InternFromString("_scan");
     str_relayed = PyUnicode_InternFromString("_relayed");
-    if (!str_ends || !str_undo || !str_scan || !str_relayed) return NULL;
+    str_matches = PyUnicode_InternFromString("matches");
+    str_times_kept = PyUnicode_InternFromString("times_kept");
+    str_fold = PyUnicode_InternFromString("_fold");
+    if (!str_ends || !str_undo || !str_scan || !str_relayed || !str_matches || !str_times_kept ||
+        !str_fold)
+        return NULL;
     if (load_constants() < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;

@@ -1,11 +1,12 @@
 """The per-chunk half of a request's cycle: a stream's body chunks on their way to the client.
 
-`Relay` holds what a relayed chunk reads and writes, and the three methods a chunk runs
-through: `send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait`
-extension: written from the upstream's read callback without waking the request's task) and
-`_relayed` (the accounting both share). The last two, and the fields they touch, are its
-base `RelayCore` (`relaycore.py`, or its compiled twin: `speedups`). Everything else of the
-request — its start, the timer, keep-alives, failures — is `cycle.Cycle`, the one subclass.
+`Relay` holds what a relayed chunk reads and writes, and the methods a chunk runs through:
+`send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait` extension: written
+from the upstream's read callback without waking the request's task), and the accounting
+both share: `_tally` for a token chunk of the stream's learned frame, `_relayed` for any
+other. All but `send`, and the fields they touch, are its base `RelayCore` (`relaycore.py`,
+or its compiled twin: `speedups`). Everything else of the request — its start, the timer,
+keep-alives, failures — is `cycle.Cycle`, the one subclass.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class Relay(RelayCore):
         self.dialect: Dialect | None = None
         self.inflater = None
         self.edit = None
+        self.frame = None  # none learned (telemetry learns one)
+        self.chunks = self.body_bytes = 0
 
     async def _send_other(self, message: Message) -> None:
         """Everything but a stream's body chunk (the response start, a plain response)."""
@@ -119,7 +122,11 @@ class Relay(RelayCore):
                     # A BOM is only a BOM at the start of the stream; a keep-alive went first.
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
-            self._relayed(body, now)
+            frame = self.frame
+            if frame is not None and frame.matches(body):
+                self._tally(body, now)
+            else:
+                self._relayed(body, now)
             edit = self.edit
             if edit is not None:  # every chunk: `ends` is for the fast path, where a call counts
                 message = {"type": "http.response.body", "body": edit(body), "more_body": more}

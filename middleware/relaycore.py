@@ -1,5 +1,5 @@
 """The per-chunk core of a relay, in Python: `RelayCore`, the fields a relayed chunk reads
-and writes, and its two methods, `send_nowait` and `_relayed`.
+and writes, and its three methods, `send_nowait`, `_tally` (the token path) and `_relayed`.
 
 `middleware/_relaycore.c` is the same class compiled, line for line (a C twin of each
 method, in the same order, with the Python lines as comments beside the C): when it is built
@@ -11,16 +11,21 @@ Why compiled: a paced stream's token is a few hundred bytes that arrive 20 ms af
 stream's last one and after 49 other streams' tokens, so each token runs its Python with cold
 caches; the interpreter's frames and attribute lookups per token were most of what the
 sidecar spent over nginx.
+
+The token path is telemetry's, but lives here so that the compiled core runs it with no
+Python frame: once a stream's token chunk is learned (`frame`, set by telemetry's cycle; None
+without telemetry), a chunk that matches it is one whole event and one token, and `_tally`
+counts it (the chunk, its bytes, its time) in place of the subclass's `_relayed`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from time import monotonic
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from middleware.errors import Outcome, StreamError
-from middleware.framing import Inflater
+from middleware.frame import Frame
 from middleware.phases import Phase
 from middleware.sse import LineState, SSEScanner, advance
 from middleware.types import SendNowait
@@ -49,13 +54,25 @@ class Edit(Protocol):
         """Forget the last call: its output was not written (the chunk comes again)."""
 
 
+class Decoder(Protocol):
+    """A compressed body's decoder (`framing.Inflater`). Declared here, not imported: the
+    dialects, which `framing` imports, take `Frame` from `speedups`, which imports this."""
+
+    def decompress(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 class RelayCore:
     """A stream's per-chunk state (the rest of it is `relay.Relay`'s); slotted, so that the
     fields a chunk touches sit in the object itself."""
 
     __slots__ = (
+        "body_bytes",
+        "chunks",
         "edit",
         "first_token_at",
+        "frame",
         "inflater",
         "keepalive",
         "last_chunk",
@@ -66,13 +83,14 @@ class RelayCore:
         "scanner",
         "sending_since",
         "server_nowait",
+        "times",
     )
 
     phase: Phase
     reason: StreamError | Outcome | None  # why the guard stopped the app
     sending_since: float | None  # a write to the client under way since
     keepalive: asyncio.Task[None] | None  # a keep-alive being written
-    inflater: Inflater | None
+    inflater: Decoder | None
     server_nowait: SendNowait | None  # the server's synchronous body write, if offered
     edit: Edit | None  # what the guard changes in the stream's bytes, if anything
     scanner: SSEScanner | None  # until the first token
@@ -80,8 +98,20 @@ class RelayCore:
     line_state: LineState
     last_chunk: float  # the last body chunk relayed
     last_write: float  # the last bytes handed to the server, keep-alives too
+    # The token path (see the module docstring): the stream's learned token chunk while the
+    # stream stands at an event boundary, else None; the chunks and bytes relayed (by
+    # `_tally`, and by a subclass's `_relayed` for the others); the token chunks' times
+    # (telemetry's `Gaps.times`), handed to `_fold` once they are `times_kept`.
+    frame: Frame | None
+    chunks: int
+    body_bytes: int
+    times: list[float]
+    times_kept: ClassVar[int]
 
     def _scan(self, body: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def _fold(self) -> None:
         raise NotImplementedError
 
     def send_nowait(self, body: bytes) -> bool:
@@ -114,8 +144,24 @@ class RelayCore:
                 edit.undo()  # refused: the app sends this chunk (maybe with more) by `send`
                 return False
         self.last_write = now = monotonic()
-        self._relayed(body, now)
+        frame = self.frame
+        if frame is not None and frame.matches(body):
+            self._tally(body, now)
+        else:
+            self._relayed(body, now)
         return True
+
+    def _tally(self, body: bytes, now: float) -> None:
+        """Account for a chunk that is one token of the stream's `frame` (by `send` or
+        `send_nowait`): a whole event, after the first token, so the line state and the
+        first token stay as they are; the chunk, its bytes, the idle clock, its time."""
+        self.chunks += 1
+        self.body_bytes += len(body)
+        self.last_chunk = now
+        times = self.times
+        times.append(now)
+        if len(times) >= self.times_kept:
+            self._fold()
 
     def _relayed(self, body: bytes, now: float) -> None:
         """Account for a body chunk given to the server (by `send` or `send_nowait`): the

@@ -1,9 +1,10 @@
 """Which per-chunk core runs: the compiled one where it was built, else the Python one.
 
 `make install` (and any `pip install` from source with a C compiler) builds
-`middleware/_relaycore.c`; where no compiler exists the install goes on without it and this
-module says so once, at import. `SIDESTREAM_NO_EXTENSIONS=1` picks the Python core even
-where the compiled one was built (the test suite runs once each way).
+`middleware/_relaycore.c` (`RelayCore`) and `middleware/_frame.c` (`Frame`); where no
+compiler exists the install goes on without them and this module says so once for each, at
+import. `SIDESTREAM_NO_EXTENSIONS=1` picks the Python twins even where the compiled ones were
+built (the test suite runs once each way).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def compiled(name: str) -> ModuleType | None:
 
 
 if TYPE_CHECKING:
+    from middleware.frame import Frame
     from middleware.relaycore import RelayCore
 else:
     _core = compiled("middleware._relaycore")
@@ -39,5 +41,10 @@ else:
         RelayCore = _core.RelayCore
     else:
         from middleware.relaycore import RelayCore
+    _frame = compiled("middleware._frame")
+    if _frame is not None:
+        Frame = _frame.Frame
+    else:
+        from middleware.frame import Frame
 
-__all__ = ["RelayCore", "compiled"]
+__all__ = ["Frame", "RelayCore", "compiled"]

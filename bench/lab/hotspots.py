@@ -37,7 +37,7 @@ HOTSPOTS = {  # label: (module, class, function)
     "Cycle.__init__": ("middleware.cycle", "Cycle", "__init__"),
     "Cycle._relayed": ("middleware.cycle", "Cycle", "_relayed"),
     "Cycle._observe": ("middleware.cycle", "Cycle", "_observe"),
-    "Frame.matches": ("middleware.dialects", "Frame", "matches"),
+    "Frame.matches": ("middleware.speedups", "Frame", "matches"),
     "Gaps.add": ("middleware.telemetry.gaps", "Gaps", "add"),
     "StreamRecord.__init__": ("middleware.telemetry.record", "StreamRecord", "__init__"),
     "request_attributes": ("middleware.telemetry.record", "", "request_attributes"),

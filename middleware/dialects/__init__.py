@@ -2,8 +2,8 @@
 
 A dialect is chosen by request path (`select`), else by the shape of the first event
 (`sniff`). Dialects are stateless singletons; all per-stream state is in `StreamStats`.
-One module per family of formats: `openai` (chat completions, completions, Responses; with
-`frame`, the learned token chunk of a chat stream), `anthropic`, `tgi`; `base` holds
+One module per family of formats: `openai` (chat completions, completions, Responses; it
+learns a chat stream's token chunk, `middleware.frame`), `anthropic`, `tgi`; `base` holds
 `StreamStats`, the JSON helpers and `Dialect`, the generic fallback the others refine.
 
 Hot path: `is_token` and `observe` decide with precompiled regexes and substring checks on
@@ -30,12 +30,11 @@ import functools
 
 from middleware.dialects.anthropic import ANTHROPIC_EVENTS, Anthropic
 from middleware.dialects.base import Dialect, StreamStats, _type, json_object
-from middleware.dialects.frame import Frame
 from middleware.dialects.openai import OpenAIChat, OpenAICompletions, OpenAIResponses
 from middleware.dialects.tgi import TGI, TGI_TOKEN
 from middleware.sse import Event
 
-__all__ = ["Dialect", "Frame", "StreamStats", "json_object", "select", "sniff"]
+__all__ = ["Dialect", "StreamStats", "json_object", "select", "sniff"]
 
 GENERIC = Dialect()
 OPENAI_CHAT = OpenAIChat()

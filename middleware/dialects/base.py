@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from middleware.sse import Event
 
 if TYPE_CHECKING:
-    from middleware.dialects.frame import Frame
+    from middleware.frame import Frame
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from middleware.dialects.base import (
     _type,
     _usage,
 )
-from middleware.dialects.frame import Frame
+from middleware.speedups import Frame
 from middleware.sse import CR, Event
 
 _CHAT_TOKEN = re.compile(

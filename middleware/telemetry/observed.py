@@ -7,9 +7,12 @@ has run. Per chunk it counts what `Cycle` does not (chunks, bytes, tokens, their
 
 The token path: once a stream's usual token chunk is learned (`Frame`, from
 `Dialect.count_chunk`), a chunk that matches it is one token and one whole event, and is
-counted by appending its time to the record's `gaps.times`: no scanner, no JSON. Every other
-chunk goes through `_observe` (the dialect's reads of usage, model, finish reason). The
-tokens on the token path are added to `stats` only when someone asks (`stream_stats`).
+counted by appending its time to the record's `gaps.times`: no scanner, no JSON. The relay's
+core runs it (`RelayCore._tally`, compiled where built) with the fields this cycle hands it:
+`frame`, `times` (the record's `gaps.times`), `times_kept` and `_fold`. Every other chunk
+comes here, to `_relayed`, and goes through `_observe` (the dialect's reads of usage, model,
+finish reason). The tokens on the token path are added to `stats` only when someone asks
+(`stream_stats`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from middleware.cycle import Cycle, Settings
-from middleware.dialects import Frame, StreamStats, sniff
+from middleware.dialects import StreamStats, sniff
 from middleware.errors import StreamError
 from middleware.sse import LineState, advance
 from middleware.telemetry.finish import finish
@@ -41,20 +44,19 @@ class ObservedCycle(Cycle):
 
     telemetry: ClassVar[Pipeline]  # set on the subclass `Telemetry.cycle_class` makes
 
-    __slots__ = ("bytes", "chunks", "frame", "record", "stats", "times", "times_counted")
+    __slots__ = ("record", "stats", "times_counted")
+
+    times_kept = TIMES_KEPT  # the core's token path folds `times` where `Gaps.add` would
 
     def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
         super().__init__(settings, scope, receive, send)
         self.record = record = StreamRecord(self.telemetry, scope, self.started)
         if record.genai is not None:
             self.receiver.tap(record.tap)
-        self.chunks = self.bytes = 0
         self.stats: StreamStats | None = None  # set for an SSE stream: every event observed
-        # The stream's token chunk once learned, while the stream stands at an event boundary
-        # (None while a read has left it inside an event): a chunk that reaches the check
-        # starts at an event boundary.
-        self.frame: Frame | None = None
-        self.times: list[float] = record.gaps.times
+        # `frame`, the stream's token chunk once learned, is withheld while a read has left
+        # the stream inside an event: a chunk that reaches the check starts at a boundary.
+        self.times = record.gaps.times
         # The times in `times` not added by the token path (by `_heard`, whose tokens are in
         # `stats` already, or counted by `stream_stats`): the rest are the token path's.
         self.times_counted = 0
@@ -94,22 +96,19 @@ class ObservedCycle(Cycle):
 
     def _relayed(self, body: bytes, now: float) -> None:
         self.chunks += 1
-        self.bytes += len(body)
+        self.body_bytes += len(body)
         stats = self.stats
         if stats is None:  # not SSE: nothing to observe
             Cycle._relayed(self, body, now)
             return
         self.last_chunk = now
-        frame = self.frame
-        if frame is not None and frame.matches(body):
-            times = self.times
-            times.append(now)  # `Gaps.add`, inline: a call per token
-            if len(times) >= TIMES_KEPT:
-                self.record.gaps.fold()
-            return  # one whole event: the line state stays EVENT
         self._observe(body, now, stats)
         state = self.line_state = advance(self.line_state, body)
         self.frame = stats.frame if state is EVENT else None
+
+    def _fold(self) -> None:
+        """The core's token path has kept `times_kept` times: fold them, as `Gaps.add` does."""
+        self.record.gaps.fold()
 
     def stream_stats(self) -> StreamStats | None:
         """The stream's stats (None unless SSE), with the tokens counted on the token path

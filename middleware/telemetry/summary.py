@@ -65,7 +65,7 @@ class Cycle(Protocol):
     stopped_at: float | None
     completed_at: float | None
     chunks: int
-    bytes: int
+    body_bytes: int
     keepalives: int
     resumable: Resumable | None
 
@@ -206,7 +206,7 @@ class Summary:
         )
         self.streaming = streaming = cycle.streaming
         self.chunks = cycle.chunks
-        self.bytes = cycle.bytes
+        self.bytes = cycle.body_bytes
         self.keepalives = cycle.keepalives
         resumable = cycle.resumable  # resume on: the stream's id, resumes, whether its end was read
         self.stream_id = None if resumable is None else resumable.stream_id

@@ -12,6 +12,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,6 +22,7 @@ from middleware.dialects import StreamStats, select
 from middleware.guard import StreamGuard
 from middleware.sse import SSEScanner
 from middleware.telemetry import Telemetry, semconv
+from middleware.telemetry.observed import ObservedCycle
 from middleware.types import Message
 from tests.support.apps import SCOPE, SSE_HEADERS
 
@@ -189,3 +191,29 @@ def test_a_token_shaped_read_after_a_read_that_ends_inside_an_event_joins_that_e
     assert attributes[semconv.TOKENS] == 2  # "a", and "b" + "c" as one event
     assert attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert attributes[semconv.OUTCOME] == "completed"
+
+
+@pytest.mark.parametrize("stamped", [False, True], ids=["same-tail", "stamped-tail"])
+def test_token_chunks_an_app_sends_take_the_token_path(
+    monkeypatch: pytest.MonkeyPatch, stamped: bool
+) -> None:
+    """Chunks the app sends through `send` (not the server's `send_nowait`) take the token
+    path too once the frame is learned: only the first chunks and the end reach the dialect
+    (`_observe`), and the span's tokens, chunks and bytes count every chunk."""
+    observed: list[bytes] = []
+    observe = ObservedCycle._observe
+
+    def counting(self: ObservedCycle, body: bytes, now: float, stats: Any) -> None:
+        observed.append(body)
+        observe(self, body, now, stats)
+
+    monkeypatch.setattr(ObservedCycle, "_observe", counting)
+    _, _, role, token, last = SHAPES["chat"]
+    tokens = [token(f"t{i}", **({"t": 10**18 + i} if stamped else {})) for i in range(30)]
+    reads = [role, *tokens, last, b"data: [DONE]\n\n"]
+    out, attributes = relay("/v1/chat/completions", reads)
+    assert out == b"".join(reads)
+    assert observed == [role, tokens[0], last, b"data: [DONE]\n\n"]
+    assert attributes[semconv.TOKENS] == 30
+    assert attributes[semconv.CHUNKS] == len(reads)
+    assert attributes[semconv.BYTES] == len(out)

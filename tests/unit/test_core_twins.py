@@ -1,6 +1,6 @@
-"""The per-chunk core's two twins — Python (`middleware/relaycore.py`, `sidecar/upstream/
-h1core.py`, uvicorn_internals' closure) and compiled (`middleware/_relaycore.c`,
-`sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
+"""The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
+`sidecar/upstream/h1core.py`, uvicorn_internals' closure) and compiled
+(`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
 with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each way)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middleware import relaycore, speedups
+from middleware import frame, relaycore, speedups
 from middleware.phases import Phase
 from middleware.sse import LineState, advance
 from sidecar.servers import uvicorn_internals
@@ -31,6 +31,7 @@ def _built(name: str) -> Any:
 
 
 compiled_relay = _built("middleware._relaycore")
+compiled_frame = _built("middleware._frame")
 compiled_sidecar = _built("sidecar._core")
 TWINS = ["python", "compiled"]
 
@@ -43,10 +44,13 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
 
     if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
         assert Relay.__mro__[1] is relaycore.RelayCore
+        assert speedups.Frame is frame.Frame
         assert H1Connection.__mro__[1] is h1core.H1Core
     else:
-        assert compiled_relay is not None and compiled_sidecar is not None, "not built"
+        built = (compiled_relay, compiled_frame, compiled_sidecar)
+        assert None not in built, "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
+        assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
 
 
@@ -92,21 +96,36 @@ class Edit:
         self.undone += 1
 
 
-def relay(twin: str, written: list[bytes], *, accept: bool = True) -> Any:
-    """A RelayCore of `twin` in BODY, past its first token, writing into `written`."""
+def relay(twin: str, written: list[bytes], *, accept: bool = True, observed: bool = False) -> Any:
+    """A RelayCore of `twin` in BODY, writing into `written`, with no frame learned. Its
+    token path folds every `times_kept` (3) times into `folds`. `observed`: a subclass's
+    `_relayed` (telemetry's cycle has one) keeps the chunks that reach it in `relayed`."""
     _need(compiled_relay, twin)
     base = relaycore.RelayCore if twin == "python" else compiled_relay.RelayCore
 
     class Relay(base):  # type: ignore[misc, valid-type]
-        __slots__ = ("scanned",)
+        __slots__ = ("folds", "relayed", "scanned")
+        times_kept = 3
 
         def _scan(self, body: bytes, now: float) -> None:
             self.scanned.append(body)
 
-    r = Relay()
-    r.scanned = []
+        def _fold(self) -> None:
+            self.folds.append(list(self.times))
+            self.times.clear()
+
+    class Observed(Relay):
+        __slots__ = ()
+
+        def _relayed(self, body: bytes, now: float) -> None:
+            self.relayed.append(body)
+
+    r = Observed() if observed else Relay()
+    r.scanned, r.folds, r.times, r.relayed = [], [], [], []
     r.phase = Phase.BODY
     r.reason = r.sending_since = r.keepalive = r.inflater = r.edit = r.scanner = None
+    r.frame = None
+    r.chunks = r.body_bytes = 0
     r.first_token_at = None
     r.line_state = LineState.EVENT
     r.last_chunk = r.last_write = 0.0
@@ -209,7 +228,7 @@ def test_an_overridden_relayed_is_the_one_called(twin: str) -> None:
             self.calls.append((body, now))
 
     r = Observed()
-    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner"):
+    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner", "frame"):
         setattr(r, name, None)
     r.phase, r.calls, r.server_nowait = Phase.BODY, [], lambda body: True
     assert r.send_nowait(b"x")
@@ -229,6 +248,254 @@ def test_the_compiled_line_state_is_sse_advance(state: LineState, chunk: bytes) 
     r.line_state = state
     r._relayed(chunk, 2.0)
     assert r.line_state is advance(state, chunk)
+
+
+# -- Frame -------------------------------------------------------------------------------
+
+# A chat stream's token chunk around its content string, as a server writes each one.
+PREFIX = (
+    b'data: {"id":"c-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":"'
+)
+MARKER = b'"},"logprobs":null,"finish_reason":null}]'
+SUFFIX = MARKER + b"}\n\n"
+
+
+def token(content: bytes, suffix: bytes = SUFFIX) -> bytes:
+    return PREFIX + content + suffix
+
+
+def make_frame(
+    twin: str, prefix: bytes = PREFIX, marker: bytes = MARKER, suffix: bytes = SUFFIX
+) -> Any:
+    _need(compiled_frame, twin)
+    return (frame.Frame if twin == "python" else compiled_frame.Frame)(prefix, marker, suffix)
+
+
+@pytest.mark.parametrize(
+    "prefix, marker, suffix",
+    [(PREFIX, MARKER, SUFFIX), (PREFIX, MARKER, MARKER + b',"t":1}\n\n'), (b"", b"", b"")],
+)
+def test_a_compiled_frame_is_built_as_the_python_one(
+    prefix: bytes, marker: bytes, suffix: bytes
+) -> None:
+    """The same parts and the same lengths derived from them, and no tail seen yet."""
+    python = make_frame("python", prefix, marker, suffix)
+    compiled = make_frame("compiled", prefix, marker, suffix)
+    for name in ("prefix", "marker", "suffix", "start", "shortest", "tail_len", "varies"):
+        assert getattr(compiled, name) == getattr(python, name), name
+
+
+STAMPED = MARKER + b',"t":1730000000}\n\n'  # a tail of its own, as the emulator's stamp
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize(
+    "body, matches, varies",
+    [
+        (token(b"hi"), True, False),
+        (token(b'\\"'), True, False),  # an escaped quote is content
+        (token(b""), False, False),  # "content":""
+        (token(b'", "role":"x'), False, False),  # "" then another key
+        (token(b"a\n"), False, False),  # a line end: two lines
+        (token(b"a\n\ndata: x"), False, False),  # two events
+        (PREFIX + SUFFIX[1:], False, False),  # overlapping at the quote
+        (PREFIX[1:] + b"x" + SUFFIX, False, False),  # not the prefix
+        (token(b"x")[:-1], False, False),  # no event end yet
+        (PREFIX + b"x", False, False),  # shorter than any token chunk
+        (token(b"x", STAMPED), True, True),  # a tail of its own: learnt that tails vary
+        (token(b"x", MARKER + b',"usage":null}\n\n'), True, True),
+        (token(b"x", MARKER + b',"usage":{"completion_tokens":1}}\n\n'), False, False),
+        (token(b"x", MARKER + b"}\n \n\n"), True, True),  # a line of spaces: no event
+        (token(b"x", MARKER + b"}\n\ndata: {}\n\n"), False, False),  # a second event
+        (token(b"x", b'"}}]}\n\n'), False, False),  # the choices end otherwise
+    ],
+)
+def test_each_twin_of_frame_matches_one_token_event_of_the_frame(
+    twin: str, body: bytes, matches: bool, varies: bool
+) -> None:
+    """A chunk is one token of the frame when it has the prefix, non-empty content on one
+    line, and the suffix, or the marker and a tail without usage (which teaches the frame
+    that tails vary): each twin by the rule."""
+    f = make_frame(twin)
+    assert f.matches(body) is matches
+    assert f.varies is varies
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_once_tails_vary_every_chunk_takes_the_marker_check(twin: str) -> None:
+    """After a tail of its own, the learned suffix still matches and the rule is the same."""
+    f = make_frame(twin)
+    assert f.matches(token(b"x", STAMPED)) and f.varies
+    assert f.matches(token(b"y"))
+    assert not f.matches(token(b""))
+    assert not f.matches(token(b"a\n"))
+    assert f.matches(token(b"z", MARKER + b',"t":2}\n\n'))
+
+
+def _same(python: Any, compiled: Any, bodies: list[bytes]) -> None:
+    for body in bodies:
+        assert compiled.matches(body) is python.matches(body), body
+        assert compiled.varies is python.varies, body
+
+
+# What a body is made of around a frame's parts: bytes the rule looks at.
+CONTENTS = [b"x", b"", b'"', b'\\"', b"a\n", b"}]", b"\\", b"\r"]
+TAILS = [b"", b"}", b',"t":9}', b',"usage":null}', b',"usage":{}}', b'"usage"usage":null}']
+ENDS = [b"\n\n", b"\n", b"", b" \n\n", b"\n\t\n\n", b"\n\x0b\n\n", b"\n\x0c\n\n", b"\r\n\r\n"]
+ENDS += [b"\n\ndata: x\n\n", b"\n\x1c\n\n"]  # two events; a byte str.strip() takes, not bytes'
+
+
+@st.composite
+def around(draw: st.DrawFn, parts: tuple[bytes, bytes, bytes]) -> bytes:
+    """A body around a frame: its prefix (or not quite), content, then the suffix whole or
+    cut, or the marker (or not) and a tail, and an event's end (or something like it)."""
+    prefix, marker, suffix = parts
+    head = draw(st.sampled_from([prefix, prefix, prefix[1:], prefix[:-1], b"d"]))
+    content = draw(st.sampled_from(CONTENTS))
+    cut = draw(st.integers(0, len(suffix)))
+    tail, end = draw(st.sampled_from(TAILS)), draw(st.sampled_from(ENDS))
+    ending = draw(
+        st.sampled_from(
+            [suffix, suffix, suffix[cut:], suffix[:cut], marker + tail + end, tail + end, end]
+        )
+    )
+    return head + content + ending
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from([SUFFIX, STAMPED]), st.data())
+def test_the_compiled_frame_decides_any_body_as_the_python_one(
+    suffix: bytes, data: st.DataObject
+) -> None:
+    """A chat stream's frame (its suffix learnt with a constant tail or a stamp) and random
+    bodies around it, one after another: the compiled frame gives the Python one's answer
+    each time, and learns that tails vary at the same chunk."""
+    parts = (PREFIX, MARKER, suffix)
+    python, compiled = make_frame("python", *parts), make_frame("compiled", *parts)
+    _same(python, compiled, data.draw(st.lists(around(parts), max_size=10)))
+
+
+@st.composite
+def odd_frames(draw: st.DrawFn) -> tuple[bytes, bytes, bytes]:
+    """Frames no dialect would learn: empty parts, a suffix longer than most bodies, a
+    marker longer than the suffix or not at its start."""
+    prefix = draw(st.sampled_from([b"", b"d", b'{"c":"', b'"}]', PREFIX]))
+    marker = draw(st.sampled_from([b"", b'"', b'"}]', b"}]", MARKER]))
+    tail, end = draw(st.sampled_from(TAILS)), draw(st.sampled_from(ENDS))
+    suffix = draw(st.sampled_from([b"", marker, marker + tail + end, tail + end, b"0" * 24]))
+    return prefix, marker, suffix
+
+
+@settings(max_examples=1000, deadline=None)
+@given(odd_frames(), st.data())
+def test_the_compiled_frame_agrees_on_odd_frames_too(
+    parts: tuple[bytes, bytes, bytes], data: st.DataObject
+) -> None:
+    """Odd frames and bodies around them, short ones included, so that the rule's slices
+    run off either end of the body: the same answers (the compiled slices clamp and wrap
+    as Python's do)."""
+    python, compiled = make_frame("python", *parts), make_frame("compiled", *parts)
+    _same(python, compiled, data.draw(st.lists(around(parts), max_size=10)))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize(
+    "parts, body, matches",
+    [
+        ((b"d", b"", b"12345"), b"dx\n\n", True),  # the marker's slice starts before 0
+        ((b"d", b'"', b"0" * 24), b'dxxx"xxxxxxx\n\n', True),  # ... and ends before 0 too
+        ((b'"}]', b"}]", b"}]x\n\n"), b'"}]xy\n\n', False),  # the choices' end in the prefix
+    ],
+)
+def test_a_frame_takes_its_slices_as_python_does(
+    twin: str, parts: tuple[bytes, bytes, bytes], body: bytes, matches: bool
+) -> None:
+    """Where a frame's suffix is longer than the body, its slices count from the end, as
+    Python's do; a choices' end (`}]`) inside the prefix is not the marker's."""
+    assert make_frame(twin, *parts).matches(body) is matches
+
+
+# -- RelayCore's token path --------------------------------------------------------------
+
+
+def learned(twin: str, frame_twin: str, written: list[bytes], *, accept: bool = True) -> Any:
+    """A relay past its first token whose stream's frame is learned, with telemetry's
+    `_relayed` (the chunks that reach it are kept in `relayed`)."""
+    r = relay(twin, written, accept=accept, observed=True)
+    r.first_token_at = 1.0
+    r.frame = make_frame(frame_twin)
+    return r
+
+
+@pytest.mark.parametrize("frame_twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_token_chunk_of_the_frame_is_tallied_in_place_of_relayed(
+    twin: str, frame_twin: str
+) -> None:
+    """A chunk the stream's frame matches is written and counted by the core itself: the
+    chunk, its bytes, the idle clock, its time; the subclass's `_relayed` never sees it, and
+    the first token and the line state stay as they were (it is one whole event)."""
+    written: list[bytes] = []
+    r = learned(twin, frame_twin, written)
+    body = token(b"hi")
+    assert r.send_nowait(body) is True
+    assert written == [body] and r.relayed == []
+    assert (r.chunks, r.body_bytes) == (1, len(body))
+    assert r.times == [r.last_write] and r.last_chunk == r.last_write > 1.0
+    assert r.first_token_at == 1.0 and r.line_state is LineState.EVENT
+
+
+@pytest.mark.parametrize("frame_twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS)
+def test_any_other_chunk_goes_to_relayed_untallied(twin: str, frame_twin: str) -> None:
+    """A chunk the frame does not match (empty content, two lines, [DONE], half an event)
+    goes to `_relayed`, written but not counted by the core."""
+    written: list[bytes] = []
+    r = learned(twin, frame_twin, written)
+    others = [token(b""), token(b"a\n"), b"data: [DONE]\n\n", token(b"x")[:-1]]
+    for body in others:
+        assert r.send_nowait(body) is True
+    assert written == r.relayed == others
+    assert (r.chunks, r.body_bytes, r.times) == (0, 0, [])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_without_a_frame_a_token_chunk_goes_to_relayed(twin: str) -> None:
+    """No frame learned (telemetry off, or a read left the stream inside an event): every
+    chunk is `_relayed`'s."""
+    r = relay(twin, [], observed=True)
+    assert r.send_nowait(token(b"x")) and r.relayed == [token(b"x")] and r.times == []
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_token_times_are_folded_each_times_kept(twin: str) -> None:
+    """`_fold` is called when the times held reach `times_kept` (a class attribute), and
+    only then; every token is counted across the folds."""
+    r = learned(twin, twin, [])
+    for _ in range(7):
+        assert r.send_nowait(token(b"x"))
+    assert [len(batch) for batch in r.folds] == [3, 3] and len(r.times) == 1
+    assert r.chunks == 7 and r.body_bytes == 7 * len(token(b"x"))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_token_chunk_the_server_refuses_is_not_tallied(twin: str) -> None:
+    """Flow control: the chunk comes again by `send`, so it is counted then, not now."""
+    r = learned(twin, twin, [], accept=False)
+    assert r.send_nowait(token(b"x")) is False
+    assert (r.chunks, r.times, r.relayed) == (0, [], [])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_tally_is_the_token_paths_accounting_for_send(twin: str) -> None:
+    """`_tally`, which `send` calls for a token chunk of the frame, counts as `send_nowait`
+    does, at the time it is given."""
+    r = learned(twin, twin, [])
+    body = token(b"x")
+    r._tally(body, 5.0)
+    assert (r.chunks, r.body_bytes, r.last_chunk, r.times) == (1, len(body), 5.0, [5.0])
+    assert r.relayed == [] and r.first_token_at == 1.0
 
 
 # -- ChunkWriter -------------------------------------------------------------------------

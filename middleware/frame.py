@@ -1,5 +1,11 @@
-"""A stream's learned token chunk (`Frame`): how the cycle's token path counts a token without
-parsing it (see `OpenAIChat.count_chunk`)."""
+"""A stream's learned token chunk (`Frame`): how the relay's token path counts a token without
+parsing it (see `OpenAIChat.count_chunk`, which learns it, and `RelayCore.send_nowait`).
+
+`middleware/_frame.c` is the same class compiled, line for line (the Python lines as
+comments above the C, in the same order); `middleware.speedups` picks it where it was built
+and `SIDESTREAM_NO_EXTENSIONS` is not set. Keep the two in step: a change here is a change
+there. Compiled, so that the compiled relay core decides a token chunk with no Python frame.
+"""
 
 from __future__ import annotations
 
