@@ -4,10 +4,10 @@
  * picks the Python ones):
  *
  * - `H1Core`: sidecar/upstream/h1core.py's class, the upstream connection's `data_received`.
- * - `ChunkWriter`: sidecar/servers/uvicorn_internals.py's `_send_nowait` closure, the
+ * - `ChunkWriter`: sidecar/servers/uvicorn_internals/nowait.py's `send_nowait` closure, the
  *   `sidestream.send_nowait` write into uvicorn's response. It reads uvicorn's private
  *   `RequestResponseCycle` fields as the closure does, so it is used only where that
- *   module's version gate (`checked()`) allows the closure.
+ *   package's version gate (`checked()`) allows the closure.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -1,5 +1,5 @@
 """The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
-`sidecar/upstream/h1core.py`, uvicorn_internals' closure) and compiled
+`sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure) and compiled
 (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
 with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each way)."""
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from middleware import frame, relaycore, speedups
 from middleware.phases import Phase
 from middleware.sse import LineState, advance
-from sidecar.servers import uvicorn_internals
+from sidecar.servers.uvicorn_internals import nowait
 from sidecar.upstream import h1core
 
 
@@ -515,12 +515,12 @@ def writer(twin: str, **state: Any) -> tuple[Any, Any, list[bytes]]:
     if twin == "compiled":
         _need(compiled_sidecar, twin)
         return compiled_sidecar.ChunkWriter(cycle), cycle, written
-    saved = uvicorn_internals.core
-    uvicorn_internals.core = None
+    saved = nowait.core
+    nowait.core = None
     try:
-        return uvicorn_internals.send_nowait(cycle), cycle, written  # type: ignore[arg-type]
+        return nowait.send_nowait(cycle), cycle, written  # type: ignore[arg-type]
     finally:
-        uvicorn_internals.core = saved
+        nowait.core = saved
 
 
 @pytest.mark.parametrize("twin", TWINS)

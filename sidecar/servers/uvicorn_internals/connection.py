@@ -1,0 +1,88 @@
+"""What the protocol sets and makes as uvicorn does, in fewer steps: a server's fields that
+its connections share (`_serve`), a connection's addresses, a request parser, a request's
+headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from itertools import repeat
+from typing import Any, Protocol
+
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr
+from uvicorn.server import ServerState
+
+
+def _addresses(
+    transport: asyncio.Transport,
+) -> tuple[tuple[str, int | None] | None, tuple[str, int] | None]:
+    """uvicorn's `get_local_addr` and `get_remote_addr`, from the addresses the event loop
+    read at accept (uvloop and asyncio keep them in the transport's extra info): uvicorn's
+    ask the socket again, each through a socket object made for the question. An address
+    that is not a (host, port, ...) tuple (a Unix socket's) is left to uvicorn's."""
+    local, remote = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+    if isinstance(local, tuple) and isinstance(remote, tuple):
+        return local[:2], remote[:2]
+    return get_local_addr(transport), get_remote_addr(transport)
+
+
+_LENIENT = hasattr(httptools.HttpRequestParser, "set_dangerous_leniencies")  # httptools >= 0.6.3
+
+
+def _request_parser(protocol: HttpToolsProtocol) -> httptools.HttpRequestParser:
+    """A request parser for `protocol`, as uvicorn makes one."""
+    parser = httptools.HttpRequestParser(protocol)
+    if _LENIENT:
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
+
+
+def _read_headers(headers: list[tuple[bytes, bytes]]) -> bool:
+    """uvicorn's `on_header`, for all of a request's headers at once, in place: names
+    lower-cased, values without the trailing blanks llhttp keeps. Is one of them
+    `expect: 100-continue`?"""
+    names, values = zip(*headers, strict=True)
+    names = tuple(map(bytes.lower, names))
+    headers[:] = zip(names, map(bytes.rstrip, values, repeat(b" \t")), strict=True)
+    return b"expect" in names and (b"expect", b"100-continue") in (
+        (name, value.lower()) for name, value in headers
+    )
+
+
+class Served(Protocol):
+    """What `_serve` reads of the protocol it serves (`protocol.GuardedHttpToolsProtocol`)."""
+
+    _served: ServerState | None
+
+
+def _serve(
+    protocol: Served,
+    config: Config,
+    server_state: ServerState,
+    app_state: dict[str, Any],
+    loop: asyncio.AbstractEventLoop | None,
+) -> None:
+    """uvicorn's fields that every connection of a server has alike: kept on the protocol's
+    class for the first server that uses it (`protocol_class` makes a class per listener),
+    set on each connection, as uvicorn sets them, for any other server."""
+    on_class = type(protocol)._served is None
+    owner: Any = type(protocol) if on_class else protocol
+    if not config.loaded:
+        config.load()
+    owner.config = config
+    # On the class a plain function would be bound to the connection as a method.
+    owner.app = staticmethod(config.loaded_app) if on_class else config.loaded_app
+    owner.loop = loop or asyncio.get_event_loop()
+    owner.ws_protocol_class = config.ws_protocol_class
+    owner.root_path = config.root_path
+    owner.asgi_version = config.asgi_version
+    owner.limit_concurrency = config.limit_concurrency
+    owner.app_state = app_state
+    owner.timeout_keep_alive = config.timeout_keep_alive
+    owner.server_state = server_state
+    owner.connections = server_state.connections
+    owner.tasks = server_state.tasks
+    owner._served = server_state

@@ -1,0 +1,84 @@
+"""The `sidestream.send_nowait` extension (see `middleware.types`): the protocol's part,
+which offers it in each request's scope (`NowaitOffer`), and the write itself, plain
+(`send_nowait`) or compiled (`sidecar/_core.c`'s `ChunkWriter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from uvicorn._types import HTTPScope
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from middleware.types import SEND_NOWAIT, SendNowait
+from sidecar.speedups import core
+
+
+class NowaitOffer:
+    """The `sidestream.send_nowait` extension offered in a request's scope (see
+    `middleware.types`): its `send` (`send_nowait`), its `abort`, and for the first request
+    of the connection not yet complete an `on_disconnect` slot, called when the client goes.
+    Its fields are in the protocol's slots."""
+
+    cycle: RequestResponseCycle
+    pipeline: deque[tuple[RequestResponseCycle, Any]]
+    transport: asyncio.Transport
+    # The request whose extension takes an `on_disconnect` listener: the first one not
+    # complete (a request pipelined behind it gets none, and its guard reads receive()).
+    _told_cycle: RequestResponseCycle | None
+    _told_offer: dict[object, object] | None
+
+    def _offer(self, cycle: RequestResponseCycle, scope: HTTPScope) -> None:
+        offer: dict[object, object] = {"send": send_nowait(cycle), "abort": self._drop}
+        told = self._told_cycle
+        if told is None or told.response_complete:
+            offer["on_disconnect"] = None  # free for a listener (middleware.types)
+            self._told_cycle, self._told_offer = cycle, offer
+        scope["extensions"] = {SEND_NOWAIT: offer}
+
+    def _tell_gone(self) -> None:
+        """The connection is lost: the told request, if not complete, is marked so (uvicorn
+        marks only the newest request's) and its listener called."""
+        cycle, offer = self._told_cycle, self._told_offer
+        if cycle is not None and offer is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            listener = offer.get("on_disconnect")
+            if callable(listener):
+                listener()
+
+    def _drop(self) -> None:
+        """The extension's `abort`: drop the client now. uvicorn logs an app that returns
+        with its response incomplete as an error unless the client is gone: every request
+        of the connection is marked gone (the one asking, and any pipelined behind it)."""
+        for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline)):
+            if cycle is not None:
+                cycle.disconnected = True
+        self.transport.close()
+
+
+def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
+    """The `SEND_NOWAIT` extension for one request: a chunked body write straight to the
+    transport, what uvicorn's `send` does for such a message, when nothing needs waiting for.
+    Compiled where built: `sidecar/_core.c`'s `ChunkWriter`, this closure line for line."""
+    if core is not None:
+        writer: SendNowait = core.ChunkWriter(cycle)
+        return writer
+
+    flow, write = cycle.flow, cycle.transport.write  # the connection's: fixed for the cycle
+
+    def send_nowait(body: bytes) -> bool:
+        # `chunked_encoding` is None until the response has started, and True only for a
+        # chunked body (uvicorn's choice when no Content-Length was given).
+        if (
+            flow.write_paused
+            or cycle.disconnected
+            or cycle.response_complete
+            or not cycle.chunked_encoding
+        ):
+            return False
+        write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+    return send_nowait
