@@ -71,19 +71,11 @@ def response_head(
     if bad:
         return _plain(status_line, status, headers, keep_alive, head_request)  # raises
 
-    chunked: bool | None = None
-    length = 0
-    close = False
+    state = _UNFRAMED
     if not _FRAMING.isdisjoint(names):
         for name, value in zip(names, values, strict=True):
-            if name == b"content-length" and chunked is None:
-                length = int(value.decode())
-                chunked = False
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                length = 0
-                chunked = True
-            elif name == b"connection" and _says_close(value):
-                close = True
+            state = _framing(name, value, state)
+    chunked, length, close = state
     keep_alive = keep_alive and not close
     if not keep_alive and not close:
         lines += _CLOSE
@@ -91,6 +83,23 @@ def response_head(
         chunked = True
         lines += _CHUNKED
     return b"%b%b\r\n" % (status_line, lines), chunked, length, keep_alive
+
+
+# Framing so far: chunked (None: not decided), the Content-Length owed, `close` asked for.
+Framing = tuple[bool | None, int, bool]
+_UNFRAMED: Framing = (None, 0, False)
+
+
+def _framing(name: bytes, value: bytes, state: Framing) -> Framing:
+    """uvicorn's framing rule for one more header (its name lower-cased), in order."""
+    chunked, length, close = state
+    if name == b"content-length" and chunked is None:
+        return False, int(value.decode()), close
+    if name == b"transfer-encoding" and value.lower() == b"chunked":
+        return True, 0, close
+    if name == b"connection" and _says_close(value):
+        return chunked, length, True
+    return state
 
 
 def _says_close(value: bytes) -> bool:
@@ -103,25 +112,17 @@ def _plain(
     """uvicorn's loop, one header at a time: for the heads the joined checks do not take,
     and to raise, for a bad one, what uvicorn raises at the header where it raises it."""
     content = [status_line]
-    chunked: bool | None = None
-    length = 0
-    close = False
+    state = _UNFRAMED
     for name, value in headers:
         if _BAD_NAME.search(name):
             raise RuntimeError("Invalid HTTP header name.")
         if _BAD_VALUE.search(value):
             raise RuntimeError("Invalid HTTP header value.")
         name = name.lower()
-        if name == b"content-length" and chunked is None:
-            length = int(value.decode())
-            chunked = False
-        elif name == b"transfer-encoding" and value.lower() == b"chunked":
-            length = 0
-            chunked = True
-        elif name == b"connection" and _says_close(value):
-            keep_alive = False
-            close = True
+        state = _framing(name, value, state)
         content.extend([name, b": ", value, b"\r\n"])
+    chunked, length, close = state
+    keep_alive = keep_alive and not close
     if not keep_alive and not close:
         content.append(_CLOSE)
     if chunked is None and not head_request and status not in _BODYLESS:
