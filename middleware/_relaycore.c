@@ -1,12 +1,13 @@
 /* middleware/_relaycore.c: `RelayCore` of middleware/relaycore.py, compiled.
  *
- * The same class, line for line: the same fields (as C members), `send_nowait`, `_tally`
- * and `_relayed`, each Python line as a comment above its C. Read it beside relaycore.py; a
+ * The same class, line for line: the same fields (as C members), `send_nowait`, `_account`,
+ * `_tally` and `_relayed`, each Python line as a comment above its C (`_tally` is a C
+ * function only: nothing but `_account` calls it). Read it beside relaycore.py; a
  * change to one is a change to the other (the test suite runs once with each:
  * SIDESTREAM_NO_EXTENSIONS=1 picks the Python one). `advance` is sse.advance.
  *
  * Subclassed by relay.Relay (Python), which reads and writes these fields like slots.
- * `_relayed` may be overridden (telemetry's ObservedCycle): `send_nowait` calls the
+ * `_relayed` may be overridden (telemetry's ObservedCycle): `_account` calls the
  * override through the type; the compiled `_relayed` directly when there is none. A token
  * chunk of the stream's `frame` goes to the compiled `_tally` instead, which calls no
  * Python unless the frame is Python's (`frame.matches`) or the times are due a `_fold`.
@@ -161,17 +162,6 @@ static int tally(RelayCore *self, PyObject *body, double now) {
     return 0;
 }
 
-static PyObject *RelayCore_tally(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "_tally(body: bytes, now: float)");
-        return NULL;
-    }
-    double now = PyFloat_AsDouble(args[1]);
-    if (now == -1.0 && PyErr_Occurred()) return NULL;
-    if (tally(self, args[0], now) < 0) return NULL;
-    Py_RETURN_NONE;
-}
-
 /* `frame.matches(body)`: 1, 0, or -1 with an error */
 static int matches(PyObject *frame, PyObject *body) {
     PyObject *args[2] = {frame, body};
@@ -201,6 +191,41 @@ static int passes_edit(RelayCore *self, PyObject *body) {
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
     if (self->edit_every || n <= 3 || b[n - 1] != 10) return 0;
     return !(self->edit_ends[b[n - 4] >> 3] & (1 << (b[n - 4] & 7)));
+}
+
+/* def _account(self, body, now) */
+static int account(RelayCore *self, PyObject *body, double now) {
+    /* frame = self.frame
+     * if frame is not None and frame.matches(body): self._tally(body, now) */
+    PyObject *frame = self->frame;
+    if (frame != Py_None) {
+        int ok = matches(frame, body);
+        if (ok < 0) return -1;
+        if (ok) return tally(self, body, now);
+    }
+    /* else: self._relayed(body, now): the compiled one unless a subclass overrides it */
+    PyObject *method = _PyType_Lookup(Py_TYPE(self), str_relayed);
+    if (method == relayed_descr) return relayed(self, body, now);
+    PyObject *at = PyFloat_FromDouble(now);
+    if (at == NULL) return -1;
+    PyObject *args[3] = {(PyObject *)self, body, at};
+    PyObject *r = PyObject_VectorcallMethod(
+        str_relayed, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(at);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *RelayCore_account(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_account(body: bytes, now: float)");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (account(self, args[0], now) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* def send_nowait(self, body) -> bool */
@@ -243,31 +268,8 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
     }
     /* self.last_write = now = monotonic() */
     double now = self->last_write = monotonic();
-    /* frame = self.frame
-     * if frame is not None and frame.matches(body): self._tally(body, now) */
-    PyObject *frame = self->frame;
-    if (frame != Py_None) {
-        int ok = matches(frame, body);
-        if (ok < 0) return NULL;
-        if (ok) {
-            if (tally(self, body, now) < 0) return NULL;
-            Py_RETURN_TRUE;
-        }
-    }
-    /* else: self._relayed(body, now): the compiled one unless a subclass overrides it */
-    PyObject *method = _PyType_Lookup(Py_TYPE(self), str_relayed);
-    if (method == relayed_descr) {
-        if (relayed(self, body, now) < 0) return NULL;
-    } else {
-        PyObject *at = PyFloat_FromDouble(now);
-        if (at == NULL) return NULL;
-        PyObject *args[3] = {(PyObject *)self, body, at};
-        PyObject *r = PyObject_VectorcallMethod(
-            str_relayed, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_DECREF(at);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-    }
+    /* self._account(body, now) */
+    if (account(self, body, now) < 0) return NULL;
     Py_RETURN_TRUE;
 }
 
@@ -371,7 +373,7 @@ static PyMemberDef RelayCore_members[] = {
 
 static PyMethodDef RelayCore_methods[] = {
     {"send_nowait", (PyCFunction)RelayCore_send_nowait, METH_O, NULL},
-    {"_tally", (PyCFunction)(void (*)(void))RelayCore_tally, METH_FASTCALL, NULL},
+    {"_account", (PyCFunction)(void (*)(void))RelayCore_account, METH_FASTCALL, NULL},
     {"_relayed", (PyCFunction)(void (*)(void))RelayCore_relayed, METH_FASTCALL, NULL},
     {NULL},
 };

@@ -3,8 +3,8 @@
 `Relay` holds what a relayed chunk reads and writes, and the methods a chunk runs through:
 `send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait` extension: written
 from the upstream's read callback without waking the request's task), and the accounting
-both share: `_tally` for a token chunk of the stream's learned frame, `_relayed` for any
-other. All but `send`, and the fields they touch, are its base `RelayCore` (`relaycore.py`,
+both share, `_account`: `_tally` for a token chunk of the stream's learned frame, `_relayed`
+for any other. All but `send`, and the fields they touch, are its base `RelayCore` (`relaycore.py`,
 or its compiled twin: `speedups`). Everything else of the request — its start, the timer,
 keep-alives, failures — is `cycle.Cycle`, the one subclass.
 """
@@ -122,11 +122,7 @@ class Relay(RelayCore):
                     # A BOM is only a BOM at the start of the stream; a keep-alive went first.
                     body = body[3:]
                     message = {"type": "http.response.body", "body": body, "more_body": more}
-            frame = self.frame
-            if frame is not None and frame.matches(body):
-                self._tally(body, now)
-            else:
-                self._relayed(body, now)
+            self._account(body, now)
             edit = self.edit
             if edit is not None:  # every chunk: `ends` is for the fast path, where a call counts
                 message = {"type": "http.response.body", "body": edit(body), "more_body": more}

@@ -1,5 +1,6 @@
 """The per-chunk core of a relay, in Python: `RelayCore`, the fields a relayed chunk reads
-and writes, and its three methods, `send_nowait`, `_tally` (the token path) and `_relayed`.
+and writes, and its methods: `send_nowait`, and `_account` (shared with the relay's `send`),
+which hands a chunk to `_tally` (the token path) or `_relayed`.
 
 `middleware/_relaycore.c` is the same class compiled, line for line (a C twin of each
 method, in the same order, with the Python lines as comments beside the C): when it is built
@@ -144,17 +145,22 @@ class RelayCore:
                 edit.undo()  # refused: the app sends this chunk (maybe with more) by `send`
                 return False
         self.last_write = now = monotonic()
+        self._account(body, now)
+        return True
+
+    def _account(self, body: bytes, now: float) -> None:
+        """Account for a body chunk given to the server (by `send` or `send_nowait`): a
+        token chunk of the stream's learned `frame` by `_tally`, any other by `_relayed`."""
         frame = self.frame
         if frame is not None and frame.matches(body):
             self._tally(body, now)
         else:
             self._relayed(body, now)
-        return True
 
     def _tally(self, body: bytes, now: float) -> None:
-        """Account for a chunk that is one token of the stream's `frame` (by `send` or
-        `send_nowait`): a whole event, after the first token, so the line state and the
-        first token stay as they are; the chunk, its bytes, the idle clock, its time."""
+        """Account for a chunk that is one token of the stream's `frame`: a whole event,
+        after the first token, so the line state and the first token stay as they are; the
+        chunk, its bytes, the idle clock, its time."""
         self.chunks += 1
         self.body_bytes += len(body)
         self.last_chunk = now
@@ -164,8 +170,8 @@ class RelayCore:
             self._fold()
 
     def _relayed(self, body: bytes, now: float) -> None:
-        """Account for a body chunk given to the server (by `send` or `send_nowait`): the
-        idle clock, the first token, the SSE line state."""
+        """Account for any other body chunk given to the server: the idle clock, the first
+        token, the SSE line state."""
         self.last_chunk = now
         if self.scanner is not None:
             self._scan(body, now)

@@ -8,11 +8,11 @@ has run. Per chunk it counts what `Cycle` does not (chunks, bytes, tokens, their
 The token path: once a stream's usual token chunk is learned (`Frame`, from
 `Dialect.count_chunk`), a chunk that matches it is one token and one whole event, and is
 counted by appending its time to the record's `gaps.times`: no scanner, no JSON. The relay's
-core runs it (`RelayCore._tally`, compiled where built) with the fields this cycle hands it:
-`frame`, `times` (the record's `gaps.times`), `times_kept` and `_fold`. Every other chunk
-comes here, to `_relayed`, and goes through `_observe` (the dialect's reads of usage, model,
-finish reason). The tokens on the token path are added to `stats` only when someone asks
-(`stream_stats`).
+core runs it (`RelayCore._account`, then `_tally`; compiled where built) with the fields
+this cycle hands it: `frame`, `times` (the record's `gaps.times`), `times_kept` and `_fold`.
+Every other chunk comes here, to `_relayed`, and goes through `_observe` (the dialect's reads
+of usage, model, finish reason). The tokens on the token path are added to `stats` only
+when someone asks (`stream_stats`).
 """
 
 from __future__ import annotations

@@ -488,14 +488,16 @@ def test_a_token_chunk_the_server_refuses_is_not_tallied(twin: str) -> None:
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_tally_is_the_token_paths_accounting_for_send(twin: str) -> None:
-    """`_tally`, which `send` calls for a token chunk of the frame, counts as `send_nowait`
-    does, at the time it is given."""
+def test_account_is_sends_accounting_as_send_nowaits(twin: str) -> None:
+    """`_account`, which `send` calls for each body chunk, counts as `send_nowait` does, at
+    the time it is given: a token chunk of the frame tallied, any other to `_relayed`."""
     r = learned(twin, twin, [])
     body = token(b"x")
-    r._tally(body, 5.0)
+    r._account(body, 5.0)
     assert (r.chunks, r.body_bytes, r.last_chunk, r.times) == (1, len(body), 5.0, [5.0])
     assert r.relayed == [] and r.first_token_at == 1.0
+    r._account(b"data: [DONE]\n\n", 6.0)
+    assert r.relayed == [b"data: [DONE]\n\n"] and r.chunks == 1
 
 
 # -- ChunkWriter -------------------------------------------------------------------------
