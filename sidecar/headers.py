@@ -51,7 +51,9 @@ _value = itemgetter(1)
 
 
 def lower_names(headers: Pairs) -> list[bytes]:
-    """Every header's name, lower-cased, in order."""
+    """Every header's name, lower-cased, in order. The request rules below take it as
+    `names` from a caller that asks several of them about the same headers (the proxy), so
+    that it is made once per request; each makes it itself when not given."""
     return list(map(bytes.lower, map(_name, headers)))
 
 
@@ -112,15 +114,17 @@ def _codings(headers: Pairs, names: list[bytes]) -> list[bytes]:
     ]
 
 
-def chunked(headers: Pairs) -> bool:
+def chunked(headers: Pairs, names: list[bytes] | None = None) -> bool:
     """True when the message's final transfer coding is `chunked`."""
-    names = lower_names(headers)
+    if names is None:
+        names = lower_names(headers)
     return b"transfer-encoding" in names and _codings(headers, names)[-1] == b"chunked"
 
 
-def content_length(headers: Pairs) -> int | None:
+def content_length(headers: Pairs, names: list[bytes] | None = None) -> int | None:
     """The declared `Content-Length` (the first), or None when absent or not a valid number."""
-    names = lower_names(headers)
+    if names is None:
+        names = lower_names(headers)
     if b"content-length" not in names:
         return None
     try:
@@ -132,7 +136,9 @@ def content_length(headers: Pairs) -> int | None:
 _VERSIONS = frozenset({"1.0", "1.1", "2"})  # not 0.9, nor "HTTP/2.0" in an HTTP/1 request line
 
 
-def request_problem(headers: Pairs, http_version: str) -> str | None:
+def request_problem(
+    headers: Pairs, http_version: str, names: list[bytes] | None = None
+) -> str | None:
     """Why a client request's framing is unsafe to forward, or None when it is fine.
 
     Request smuggling lives in the gap between two parsers' readings of the same bytes, so
@@ -152,7 +158,8 @@ def request_problem(headers: Pairs, http_version: str) -> str | None:
     head = b"".join(chain.from_iterable(headers))
     if 13 in head or 10 in head or 0 in head:
         return "a header contains CR, LF or NUL"
-    names = lower_names(headers)
+    if names is None:
+        names = lower_names(headers)
     lengths = names.count(b"content-length")
     encoded = b"transfer-encoding" in names
     if lengths and encoded:
@@ -180,6 +187,7 @@ def request_headers(
     authority: bytes,
     client: str | None,
     scheme: str,
+    names: list[bytes] | None = None,
 ) -> Headers:
     """The headers to send upstream for a client request's headers.
 
@@ -188,7 +196,8 @@ def request_headers(
     `X-Forwarded-For` (appending the peer), `X-Forwarded-Proto` and `X-Forwarded-Host`.
     `Content-Length` is kept; `Transfer-Encoding` is the caller's business.
     """
-    names = lower_names(headers)
+    if names is None:
+        names = lower_names(headers)
     hop = _hop_by_hop(headers, names)
     out = [(b"host", authority)]
     out += _kept(headers, names, _DROPPED if hop is HOP_BY_HOP else hop | _REPLACED)

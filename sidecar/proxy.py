@@ -236,11 +236,12 @@ class ProxyApp:
             message = f"request headers exceed {self.max_header_bytes} bytes"
             await _refuse(send, 431, "request_header_fields_too_large", message, _CLOSE)
             return None
-        problem = rules.request_problem(client_headers, scope.get("http_version", "1.1"))
+        names = rules.lower_names(client_headers)  # once, for each rule below
+        problem = rules.request_problem(client_headers, scope.get("http_version", "1.1"), names)
         if problem is not None:
             await _refuse(send, 400, "bad_request", f"refused: {problem}", _CLOSE)
             return None
-        declared = rules.content_length(client_headers)
+        declared = rules.content_length(client_headers, names)
         if self.max_body is not None and declared is not None and declared > self.max_body:
             await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
             return None
@@ -251,9 +252,11 @@ class ProxyApp:
             authority=self.upstream.authority,
             client=client[0] if client else None,
             scheme=scope.get("scheme", "http"),
+            names=names,
         )
         inject_trace_context(upstream_headers)
-        body = await self._body(client_headers, declared, receive, upstream_headers)
+        chunked = rules.chunked(client_headers, names)
+        body = await self._body(chunked, declared, receive, upstream_headers)
         with map_exceptions:
             return self.pool.exchange(
                 method.encode("ascii"), _target(scope), upstream_headers, body
@@ -285,14 +288,14 @@ class ProxyApp:
 
     async def _body(
         self,
-        client_headers: list[tuple[bytes, bytes]],
+        chunked: bool,
         declared: int | None,
         receive: Receive,
         upstream_headers: rules.Headers,
     ) -> RequestBody:
         """The body iterator; adds `transfer-encoding: chunked` upstream when the length is
         unknown (client sent chunked, or an HTTP/2 client sent a body without a length)."""
-        if rules.chunked(client_headers):
+        if chunked:
             upstream_headers[:] = [(n, v) for n, v in upstream_headers if n != b"content-length"]
             upstream_headers.append((b"transfer-encoding", b"chunked"))
             return RequestBody(receive, self.max_body)

@@ -233,26 +233,31 @@ _HEADER = st.tuples(st.sampled_from(_NAMES), st.sampled_from(_VALUES))
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(_HEADER, max_size=8), st.sampled_from(["1.0", "1.1", "2", "0.9"]))
+@given(st.lists(_HEADER, max_size=8), st.sampled_from(["1.0", "1.1", "2", "0.9"]), st.booleans())
 def test_rules_agree_with_a_header_at_a_time(
-    headers: list[tuple[bytes, bytes]], version: str
+    headers: list[tuple[bytes, bytes]], version: str, shared: bool
 ) -> None:
     """Every rule, computed over all headers at once, is the plain per-header reading of it:
-    the same refusal, hop-by-hop set, framing and upstream headers for any header list."""
-    problem = rules.request_problem(headers, version)
+    the same refusal, hop-by-hop set, framing and upstream headers for any header list,
+    whether each rule lower-cases the names itself or is handed them (`shared`: the proxy
+    makes them once per request)."""
+    names = rules.lower_names(headers) if shared else None
+    problem = rules.request_problem(headers, version, names)
     if version == "0.9":
         assert problem is not None and problem.startswith("HTTP version")
     else:
         assert problem == _plain_problem(headers, version)
     assert rules.strip_hop_by_hop(headers) == _plain_strip(headers)
     codings = _plain_codings(headers)
-    assert rules.chunked(headers) == (bool(codings) and codings[-1] == b"chunked")
+    assert rules.chunked(headers, names) == (bool(codings) and codings[-1] == b"chunked")
     lengths = [v for n, v in headers if n.lower() == b"content-length"]
     declared = None
     if lengths and lengths[0].strip().isdigit():
         declared = int(lengths[0])
-    assert rules.content_length(headers) == declared
+    assert rules.content_length(headers, names) == declared
     assert rules.header_bytes(headers) == sum(len(n) + len(v) + 4 for n, v in headers)
     for client in ("10.0.0.1", None):
-        out = rules.request_headers(headers, authority=b"up:1", client=client, scheme="http")
+        out = rules.request_headers(
+            headers, authority=b"up:1", client=client, scheme="http", names=names
+        )
         assert out == _plain_request(headers, client)
