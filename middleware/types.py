@@ -13,7 +13,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # more chunk (`more_body=True`) of a response already started, now, without awaiting; or
 # writes nothing and returns False (flow control, a client gone, a state it does not handle),
 # and the caller sends that chunk with the ASGI `send` instead, which waits as usual. A
-# server that offers it writes the response head when `http.response.start` is sent.
+# server that offers it writes the response head without waiting for a body byte: with the
+# first body write of the loop turn `http.response.start` was sent in, or at that turn's
+# end (an app needs no empty body message to get its head out).
 # Offered by the sidecar's HTTP/1.1 server, passed on by StreamGuard (its own checks first,
 # swapped into the same dict), used by the proxy to relay an upstream read without waking
 # the request's task.

@@ -20,6 +20,7 @@ from uvicorn.server import ServerState
 
 from middleware.types import Message, Receive, Scope, Send
 from sidecar.config import load
+from sidecar.servers.uvicorn_internals import GuardedHttpToolsProtocol
 from sidecar.servers.uvicorn_listener import traffic_protocol
 from tests.support.servers import serve
 
@@ -166,6 +167,7 @@ async def test_a_content_length_response_is_written_as_sent(pieces: list[bytes])
     ("sent", "written", "error"),
     [
         ([b"abc", b"def"], b"abc", "Response content longer than Content-Length"),
+        ([b"abcdef"], b"", "Response content longer than Content-Length"),  # the first write
         ([b"ab"], b"ab", "Response content shorter than Content-Length"),
     ],
 )
@@ -403,6 +405,93 @@ async def test_an_app_that_fails_before_its_response_gets_uvicorns_500() -> None
     wired = await both(app, get())
     assert wired.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
     assert wired.endswith(b"connection: close\r\n\r\nInternal Server Error")
+
+
+@pytest.mark.parametrize("ending", ["raise", "return", "return a value", "a chunk, then raise"])
+async def test_an_app_that_stops_after_its_head_leaves_the_head_then_a_close(ending: str) -> None:
+    """An app that raises or returns after it sent its response head, the response not
+    complete: the head (and anything written after it), then the close, as under uvicorn's
+    protocol, which wrote the head when it was sent (the sidecar's holds it for the first
+    body write, and writes it before the close)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> Any:
+        if scope["type"] != "http":
+            return None
+        await send(start(200, [(b"content-type", b"text/plain")]))
+        if ending == "a chunk, then raise":
+            await send(body(b"abc", more=True))
+        if ending == "return":
+            return None
+        if ending == "return a value":
+            return 1
+        raise ValueError("boom")
+
+    wired = await both(app, get())
+    assert wired.startswith(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n")
+    assert wired.endswith(b"\r\n\r\n3\r\nabc\r\n" if "chunk" in ending else b"\r\n\r\n")
+
+
+class _Recording:
+    """A transport's stand-in that records each `write` and passes everything on."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+async def test_the_head_leaves_with_the_first_body_write_or_at_its_turns_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sidecar's protocol holds a response's head for its first body write: a stream's
+    head and first chunk leave in one write (one system call fewer, and that one before the
+    first token). It holds it no longer than the loop turn it was sent in: an app that
+    sends its head and then waits (a model still thinking) has the head written alone, and
+    the client reads it while the app waits."""
+    writes: list[bytes] = []
+    made = GuardedHttpToolsProtocol.connection_made
+
+    def connection_made(self: GuardedHttpToolsProtocol, transport: Any) -> None:
+        made(self, _Recording(transport, writes))
+
+    monkeypatch.setattr(GuardedHttpToolsProtocol, "connection_made", connection_made)
+    go = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await send(start(200, [(b"content-type", b"text/event-stream")]))
+        if scope["path"] == "/wait":
+            await go.wait()
+        await send(body(b"data: 1\n\n", more=True))
+        await send(body())
+
+    async with serve(app, "sidecar", **OPTIONS) as port:  # type: ignore[arg-type]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        head += b"transfer-encoding: chunked\r\n\r\n"
+        chunk = b"9\r\ndata: 1\n\n\r\n"
+        writer.write(get("/now"))
+        assert (
+            await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5) == head + chunk + b"0\r\n\r\n"
+        )
+        assert writes == [head + chunk, b"0\r\n\r\n"]
+        writes.clear()
+        writer.write(get("/wait"))
+        try:
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == head
+            assert writes == [head] and not go.is_set()
+        finally:
+            go.set()
+        end = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+        assert end == chunk + b"0\r\n\r\n"
+        writer.close()
 
 
 async def test_the_access_log_line_is_uvicorns() -> None:

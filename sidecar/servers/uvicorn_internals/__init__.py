@@ -18,9 +18,10 @@ Private names used (only when the gate says yes, except `capture_signals`):
   run (`on_url`, `on_body`, `_start_asgi_task`, `send_400_response`, the upgrade ones,
   `shutdown`, the keep-alive timeout); `_unsupported_upgrade_warning` overridden; `parser`
   dropped between requests and made again as uvicorn makes it.
-- `RequestResponseCycle`: subclassed (`RequestCycle`): `__init__`, `send` and `receive`
-  written out (the head by `sidecar.servers.response_head`, uvicorn's rules), `run_asgi`
-  and `send_500_response` uvicorn's. Its `flow.write_paused`, `disconnected`,
+- `RequestResponseCycle`: subclassed (`RequestCycle`): `__init__`, `run_asgi`, `send` and
+  `receive` written out (the head by `sidecar.servers.response_head`, uvicorn's rules, and
+  held for the first body write), `send_500_response` uvicorn's. Its `flow.write_paused`,
+  `disconnected`,
   `response_complete`, `chunked_encoding` and `transport` are read per chunk by the
   `send_nowait` extension (`nowait`, and its compiled twin, `sidecar/_core.c`'s
   `ChunkWriter`); `disconnected` set and `response_complete` read when the connection is

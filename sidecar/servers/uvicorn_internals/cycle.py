@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from uvicorn._types import ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent
+from uvicorn._types import ASGI3Application, ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
@@ -13,9 +13,16 @@ from sidecar.servers.uvicorn_internals.events import LazyEvent
 
 
 class RequestCycle(RequestResponseCycle):
-    """uvicorn's per-request cycle (its `run_asgi`, `send_500_response`) with its `send` and
+    """uvicorn's per-request cycle (its `send_500_response`) with its `run_asgi`, `send` and
     `receive` written for the sidecar: the response head made by `response_head`, body
     writes without a list to join, and nothing waited on that is already there.
+
+    The head is held until the response's first body write or the end of the loop turn it
+    was sent in, whichever comes first: a stream's head and its first token, which mostly
+    come in one upstream read, leave in one write. A system call fewer per response, and
+    the one before the first token: on a reader that sleeps between writes, a small write
+    costs ~20 µs (woken on another core). While the head is held, `chunked_encoding` stays
+    None, so the `send_nowait` write refuses and the chunk comes through `send`.
 
     A head that raises (a bad header from the app) leaves the framing as it was, where
     uvicorn's loop leaves what it had set before the bad header: either way the response has
@@ -45,6 +52,37 @@ class RequestCycle(RequestResponseCycle):
         self.response_complete = False
         self.chunked_encoding = None
         self.expected_content_length = 0
+        self.loop = protocol.loop
+        self.held: tuple[bytes, bool | None] | None = None  # the head, its `chunked_encoding`
+
+    async def run_asgi(self, app: ASGI3Application) -> None:
+        """uvicorn's, with the held head written before each close of a started response
+        (a write after `close()` is dropped)."""
+        try:
+            result = await app(self.scope, self.receive, self.send)  # type: ignore[func-returns-value]
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self._close()
+        else:
+            if result is not None:
+                msg = "ASGI callable should return None, but returned '%s'."
+                self.logger.error(msg, result)
+                self._close()
+            elif not self.response_started and not self.disconnected:
+                self.logger.error("ASGI callable returned without starting response.")
+                await self.send_500_response()
+            elif not self.response_complete and not self.disconnected:
+                self.logger.error("ASGI callable returned without completing response.")
+                self._close()
+        finally:
+            self.on_response = lambda: None
+
+    def _close(self) -> None:
+        self._write_held()
+        self.transport.close()
 
     async def send(self, message: ASGISendEvent) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -60,22 +98,29 @@ class RequestCycle(RequestResponseCycle):
                 )
             body = message.get("body", b"")
             more_body = message.get("more_body", False)
+            head = b""
+            if self.held is not None:
+                head, self.chunked_encoding = self.held
+                self.held = None
             if self.scope["method"] == "HEAD":
                 self.expected_content_length = 0
+                out = head
             elif self.chunked_encoding:
                 if more_body:
-                    if body:
-                        self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+                    out = b"%b%x\r\n%b\r\n" % (head, len(body), body) if body else head
                 elif body:
-                    self.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body))
+                    out = b"%b%x\r\n%b\r\n0\r\n\r\n" % (head, len(body), body)
                 else:
-                    self.transport.write(b"0\r\n\r\n")
+                    out = head + b"0\r\n\r\n"
             else:
                 if len(body) > self.expected_content_length:
+                    if head:
+                        self.transport.write(head)  # as uvicorn had, at the start
                     raise RuntimeError("Response content longer than Content-Length")
                 self.expected_content_length -= len(body)
-                if body:
-                    self.transport.write(body)
+                out = head + body if head else body
+            if out:
+                self.transport.write(out)
             if not more_body:
                 if self.expected_content_length != 0:
                     raise RuntimeError("Response content shorter than Content-Length")
@@ -107,10 +152,20 @@ class RequestCycle(RequestResponseCycle):
                 self.scope["http_version"],
                 status,
             )
-        head, self.chunked_encoding, self.expected_content_length, self.keep_alive = response_head(
+        head, chunked, self.expected_content_length, self.keep_alive = response_head(
             status, headers, keep_alive=self.keep_alive, head_request=self.scope["method"] == "HEAD"
         )
-        self.transport.write(head)
+        self.held = (head, chunked)
+        self.loop.call_soon(self._write_held)
+
+    def _write_held(self) -> None:
+        """The loop turn the head was sent in has ended with no body write: write it now."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            if not self.transport.is_closing():
+                self.transport.write(held[0])
+            self.chunked_encoding = held[1]
 
     async def receive(self) -> ASGIReceiveEvent:
         if self.waiting_for_100_continue and not self.transport.is_closing():
