@@ -122,15 +122,15 @@ class Cycle(Relay):
         server_nowait = _take_offer(scope, self.send_nowait, receiver)
         self.started = now = monotonic()
         super().__init__(receiver, send, server_nowait, now)
-        self.loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        self.loop = loop = asyncio.get_running_loop()  # a getpid() call; current_task(loop) none
+        task = asyncio.current_task(loop)
         assert task is not None, "StreamGuard runs inside a task"
         self.task = task
         self.running = False  # the app is running and may be cancelled
         self.streaming = False  # a guarded stream: SSE or another configured type
         self.sse = False
         # The one timer: a place in this loop's heap of waiting cycles (`middleware.timers`).
-        self.timers = timers.for_loop(self.loop)
+        self.timers = timers.for_loop(loop)
         self.timer_slot = timers.NOT_ARMED
         self.timer_due = 0.0
         self.outcome = Outcome.COMPLETED
@@ -151,7 +151,8 @@ class Cycle(Relay):
         # The timer's callbacks run in the request's context as it is now (telemetry's span
         # current), as a loop timer armed here would.
         self.timer_context = contextvars.copy_context()
-        self._arm(next_deadline(settings.timeouts, self, self.started))
+        # Armed next turn, after the app's upstream request: before it, all is time to first token.
+        self.loop.call_soon(self._arm_first)
         error: StreamError | None = None
         self.running = True
         try:
@@ -302,8 +303,9 @@ class Cycle(Relay):
         start["headers"] = stream_headers(headers, decode=bool(encoding))
         if self.sse and self.settings.resume is not None:
             self.settings.resume.begin(self, start)
-        self.last_write = now = monotonic()
-        self._rearm(now)
+        # No re-arm: what a start brings due (keep-alive, send) is a tick away or more, and the
+        # timer armed at arrival fires within a tick of that and arms for what is due then.
+        self.last_write = monotonic()
         await self.downstream(start)
         if self.server_nowait is None:  # a head held for a body byte (hypercorn): send it
             await self.downstream({"type": "http.response.body", "body": b"", "more_body": True})
@@ -315,13 +317,11 @@ class Cycle(Relay):
 
     # -- the one timer ---------------------------------------------------------------------------
 
-    def _arm(self, when: float) -> None:
-        # `when` on the cycle's clock, time.monotonic: uvloop's loop.time() moves in whole
+    def _arm_first(self) -> None:
+        # Deadlines on the cycle's clock, time.monotonic: uvloop's loop.time() moves in whole
         # milliseconds, too coarse for TTFT and inter-token gaps (see `timers.SLACK`).
-        self.timers.arm(self, when)
-
-    def _rearm(self, now: float) -> None:
-        self._arm(next_deadline(self.settings.timeouts, self, now))
+        if self.running:
+            self.timers.arm(self, next_deadline(self.settings.timeouts, self, self.started))
 
     def on_timer(self) -> None:
         """The timer fired (`middleware.timers`): whatever is due, then the next deadline."""
@@ -339,7 +339,7 @@ class Cycle(Relay):
         elif due is not None:
             self._abort(EXPIRED[due]())
             return
-        self._arm(next_deadline(timeouts, self, now))
+        self.timers.arm(self, next_deadline(timeouts, self, now))
 
 
 def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
