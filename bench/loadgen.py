@@ -13,7 +13,8 @@ Deliberately no HTTP library: the generator must cost far less per token than an
 measures.
 
 Modes: "streams" runs `concurrency` lanes, each opening streams back to back until
-`streams` are done or `duration` passes; "hold" opens `concurrency` streams at `rate` per
+`streams` are done or `duration` passes (to `port`, or to each of `ports` in turn:
+`bench.ttft` interleaves targets so); "hold" opens `concurrency` streams at `rate` per
 second and keeps them open until at least `hold_s` after the last one opened (longer, up to
 `max_hold_s`, until every open stream got its second token), then reports which are still
 open and flowing (at least two content tokens).
@@ -216,8 +217,12 @@ async def open_stream(
 
 
 async def run_streams(cfg: dict[str, Any]) -> dict[str, Any]:
-    host, port = cfg.get("host", "127.0.0.1"), cfg["port"]
-    req = request(host, port, cfg)
+    host = cfg.get("host", "127.0.0.1")
+    # `ports`: the streams go to each in turn (stream i to ports[i % n]), so that targets
+    # measured together meet the machine's moments alike; each record ends with its port.
+    ports = cfg.get("ports") or [cfg["port"]]
+    reqs = [request(host, port, cfg) for port in ports]
+    opened = [0]
     stamp = _stamp_mode(cfg)
     lat: list[int] | None = [] if stamp else None
     records: list[list[Any]] = []
@@ -230,7 +235,9 @@ async def run_streams(cfg: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(delay)
         while budget[0] > 0 and time.monotonic() < deadline:
             budget[0] -= 1
-            stream = await open_stream(host, port, req, close_after, lat, stamp)
+            turn = opened[0] % len(ports)
+            opened[0] += 1
+            stream = await open_stream(host, ports[turn], reqs[turn], close_after, lat, stamp)
             streams_now.add(stream)
             timeout = deadline - time.monotonic() if deadline != float("inf") else None
             try:
@@ -238,7 +245,7 @@ async def run_streams(cfg: dict[str, Any]) -> dict[str, Any]:
             except TimeoutError:
                 stream._finish("cut at deadline")
             streams_now.discard(stream)
-            records.append(stream.record())
+            records.append(stream.record() + ([ports[turn]] if len(ports) > 1 else []))
 
     lanes, stagger = cfg["concurrency"], cfg.get("stagger_s", 0.0)
     await asyncio.gather(*(lane(stagger * i / lanes) for i in range(lanes)))

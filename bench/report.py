@@ -173,8 +173,8 @@ def budgets(
             rows.append(f"| {label} | {shown} | {met} |")
         else:
             v = o.get(key)
-            met = v is not None and _num(v) and float(v) <= 1.15
-            rows.append(f"| {label} | {fmt(v)}x | {'yes' if met else '**no**'} |")
+            within = v is not None and _num(v) and float(v) <= 1.15
+            rows.append(f"| {label} | {fmt(v)}x | {'yes' if within else '**no**'} |")
     return "\n".join(rows)
 
 
