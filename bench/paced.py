@@ -26,7 +26,7 @@ import sys
 from bench import scenarios
 from bench.report import median_interval
 from bench.run import rotate, telemetry_wired, together
-from bench.targets import TARGETS, nginx_binary, otlp_sink, session
+from bench.targets import PROXIES, otlp_sink, proxy_targets, session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--targets",
         default="sidestream,sidestream+otel,nginx",
-        help=f"comma-separated proxies of {','.join(t for t in TARGETS if t != 'direct')}; "
-        "ratios are to the first (default: sidestream,sidestream+otel,nginx)",
+        help=f"comma-separated proxies of {PROXIES}; ratios are to the first (default: "
+        "sidestream,sidestream+otel,nginx)",
     )
     parser.add_argument("--reps", type=int, default=4, help="repetitions (default 4)")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
@@ -50,13 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         "chunk shape, the default) or in a field after the choices (a tail per chunk)",
     )
     args = parser.parse_args(argv)
-    targets = [t for t in args.targets.split(",") if t]
-    unknown = [t for t in targets if t not in TARGETS or t == "direct"]
-    if unknown or not targets or args.reps < 1 or args.tokens < 2:
-        parser.error(f"targets must be proxies of {TARGETS}, reps >= 1, tokens >= 2")
-    if "nginx" in targets and nginx_binary() is None:
-        print("nginx is not installed: skipped (apt-get install nginx).")
-        targets.remove("nginx")
+    if args.reps < 1 or args.tokens < 2:
+        parser.error("reps >= 1, tokens >= 2")
+    targets = proxy_targets(args.targets, parser.error)
     cpu: dict[str, list[float]] = {t: [] for t in targets}
     ratios: dict[str, list[float]] = {t: [] for t in targets[1:]}
     with otlp_sink() as sink_port:

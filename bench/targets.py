@@ -340,6 +340,21 @@ def alt_root() -> Path:
     return Path(alt).resolve()
 
 
+PROXIES = ",".join(t for t in TARGETS if t != "direct")  # what a `--targets` may name
+
+
+def proxy_targets(spec: str, error: Callable[[str], object]) -> list[str]:
+    """The proxies a `--targets` names (comma-separated), in order; `error` (a parser's) for
+    one that is not a proxy or for none; nginx left out, with a line, where not installed."""
+    targets = [t for t in spec.split(",") if t]
+    if not targets or any(t not in TARGETS or t == "direct" for t in targets):
+        error(f"targets are some of {PROXIES}")
+    if "nginx" in targets and nginx_binary() is None:
+        print("nginx is not installed: skipped (apt-get install nginx).")
+        targets.remove("nginx")
+    return targets
+
+
 def nginx_binary() -> str | None:
     return shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None

@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from bench import scenarios
 from bench.report import median_interval
 from bench.run import rotate
-from bench.targets import TARGETS, nginx_binary, otlp_sink, session
+from bench.targets import PROXIES, otlp_sink, proxy_targets, session
 
 
 def repetition(targets: list[str], sink_port: int, connections: int) -> dict[str, float]:
@@ -55,21 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--targets",
         default="nginx,sidestream",
-        help=f"comma-separated proxies of {','.join(t for t in TARGETS if t != 'direct')} "
-        "(default: nginx,sidestream); direct is always measured beside them",
+        help=f"comma-separated proxies of {PROXIES} (default: nginx,sidestream); direct is "
+        "always measured beside them",
     )
     parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument(
         "--connections", type=int, default=300, help="connections per target per repetition"
     )
     args = parser.parse_args(argv)
-    targets = [t for t in args.targets.split(",") if t]
-    unknown = [t for t in targets if t not in TARGETS or t == "direct"]
-    if unknown or not targets or args.reps < 1 or not 10 <= args.connections <= 5000:
-        parser.error(f"targets must be proxies of {TARGETS}, reps >= 1, 10 <= connections <= 5000")
-    if "nginx" in targets and nginx_binary() is None:
-        print("nginx is not installed: skipped (apt-get install nginx).")
-        targets.remove("nginx")
+    if args.reps < 1 or not 10 <= args.connections <= 5000:
+        parser.error("reps >= 1, 10 <= connections <= 5000")
+    targets = proxy_targets(args.targets, parser.error)
     added: dict[str, list[float]] = {t: [] for t in targets}
     floor: list[float] = []
     with otlp_sink() as sink_port:

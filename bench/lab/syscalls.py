@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench import scenarios
-from bench.targets import TARGETS, nginx_binary, otlp_sink, session
+from bench.targets import otlp_sink, proxy_targets, session
 
 _ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$")
 
@@ -62,14 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="sidestream,nginx")
     parser.add_argument("--scenario", choices=("connect", "paced"), default="connect")
     args = parser.parse_args(argv)
-    targets = [t for t in args.targets.split(",") if t]
-    if any(t not in TARGETS or t == "direct" for t in targets):
-        parser.error(f"targets are proxies of {', '.join(TARGETS)}")
+    targets = proxy_targets(args.targets, parser.error)
     if shutil.which("strace") is None:
         print("strace is not installed (apt-get install strace)")
         return 2
-    if "nginx" in targets and nginx_binary() is None:
-        targets.remove("nginx")
     per = "request" if args.scenario == "connect" else "token"
     with otlp_sink() as sink_port:
         results = {t: counted(t, args.scenario, sink_port) for t in targets}
