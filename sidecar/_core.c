@@ -3,7 +3,9 @@
  * and change both together (the test suite runs once with each: SIDESTREAM_NO_EXTENSIONS=1
  * picks the Python ones):
  *
- * - `H1Core`: sidecar/upstream/h1core.py's class, the upstream connection's `data_received`.
+ * - `H1Core`: sidecar/upstream/h1core.py's class, the upstream connection's `data_received`
+ *   (with `whole_chunks`, the read of whole chunks taken without httptools, and the two
+ *   chunk callbacks that tell where httptools stands).
  * - `ChunkWriter`: sidecar/servers/uvicorn_internals/nowait.py's `send_nowait` closure, the
  *   `sidestream.send_nowait` write into uvicorn's response. It reads uvicorn's private
  *   `RequestResponseCycle` fields as the closure does, so it is used only where that
@@ -26,6 +28,8 @@ typedef struct {
     PyObject *chunks;
     char complete;
     char received;
+    char at_boundary;
+    char chunk_end;
     PyObject *sink;
 } H1Core;
 
@@ -33,19 +37,63 @@ static PyObject *call_method0(PyObject *self, PyObject *name) {
     return PyObject_VectorcallMethod(name, &self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-/* def data_received(self, data) */
-static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
-    /* parser = self._parser */
-    PyObject *parser = self->parser;
-    /* if parser is None or self.complete: self.abort(); return */
-    if (parser == NULL || parser == Py_None || self->complete) {
-        PyObject *r = call_method0((PyObject *)self, str_abort);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-        Py_RETURN_NONE;
+#define MAX_SIZE_DIGITS 8
+
+static int hex_digit(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* def whole_chunks(data) -> list[bytes] | None: appends the payloads to `chunks` and
+ * returns 1, or returns 0 with `chunks` as it was (the parser's to read), or -1 on error.
+ * Two passes: the first checks the whole read, so nothing is appended unless all is taken. */
+static int whole_chunks(PyObject *data, PyObject *chunks) {
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data);
+    for (int pass = 0; pass < 2; pass++) {
+        Py_ssize_t at = 0;
+        while (at < end) {
+            /* line = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2); the size in hex */
+            Py_ssize_t size = 0, line = at;
+            while (line < end && line - at < MAX_SIZE_DIGITS && hex_digit(b[line]) >= 0)
+                size = size * 16 + hex_digit(b[line++]);
+            if (line == at || line + 1 >= end || b[line] != '\r' || b[line + 1] != '\n')
+                return 0;
+            Py_ssize_t start = line + 2, stop = start + size;
+            /* if size == 0 or data[stop : stop + 2] != b"\r\n": return None */
+            if (size == 0 || stop + 2 > end || b[stop] != '\r' || b[stop + 1] != '\n') return 0;
+            if (pass == 1) {
+                /* pieces.append(data[start:stop]) */
+                PyObject *piece = PyBytes_FromStringAndSize((const char *)b + start, size);
+                if (piece == NULL) return -1;
+                int appended = PyList_Append(chunks, piece);
+                Py_DECREF(piece);
+                if (appended < 0) return -1;
+            }
+            at = stop + 2;
+        }
     }
-    /* self.received = True */
-    self->received = 1;
+    return 1;
+}
+
+/* def on_chunk_header(self): self.chunk_end = False */
+static PyObject *H1Core_on_chunk_header(H1Core *self, PyObject *unused) {
+    self->chunk_end = 0;
+    Py_RETURN_NONE;
+}
+
+/* def on_chunk_complete(self): self.chunk_end = True */
+static PyObject *H1Core_on_chunk_complete(H1Core *self, PyObject *unused) {
+    self->chunk_end = 1;
+    Py_RETURN_NONE;
+}
+
+/* else: try: parser.feed_data(data) ...; self.at_boundary = self.chunk_end and
+ * data.endswith(b"\r\n"). Py_True when fed, None when a parse error was reported, NULL on
+ * an error. */
+static PyObject *feed(H1Core *self, PyObject *parser, PyObject *data) {
     /* try: parser.feed_data(data) */
     Py_INCREF(parser); /* a callback may replace self._parser */
     PyObject *args[2] = {parser, data};
@@ -70,6 +118,16 @@ static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
         Py_RETURN_NONE;
     }
     Py_DECREF(r);
+    /* self.at_boundary = self.chunk_end and data.endswith(b"\r\n") */
+    Py_ssize_t n = PyBytes_Check(data) ? PyBytes_GET_SIZE(data) : 0;
+    const char *b = n ? PyBytes_AS_STRING(data) : "";
+    self->at_boundary = self->chunk_end && n >= 2 && b[n - 2] == '\r' && b[n - 1] == '\n';
+    Py_RETURN_TRUE;
+}
+
+/* The rest of data_received, once a read's pieces are in `chunks`. */
+static PyObject *after_read(H1Core *self) {
+    PyObject *r;
     /* chunks = self.chunks */
     PyObject *chunks = self->chunks;
     /* if chunks and self.sink is not None and self.sink(b"".join(chunks)): */
@@ -100,6 +158,36 @@ static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
     Py_DECREF(r);
     Py_RETURN_NONE;
 }
+
+/* def data_received(self, data) */
+static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
+    /* parser = self._parser */
+    PyObject *parser = self->parser;
+    /* if parser is None or self.complete: self.abort(); return */
+    if (parser == NULL || parser == Py_None || self->complete) {
+        PyObject *r = call_method0((PyObject *)self, str_abort);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    /* self.received = True */
+    self->received = 1;
+    /* pieces = whole_chunks(data) if self.at_boundary else None
+     * if pieces is not None: self.chunks.extend(pieces) */
+    int taken = 0;
+    if (self->at_boundary && PyBytes_CheckExact(data) && self->chunks != NULL &&
+        PyList_CheckExact(self->chunks)) {
+        taken = whole_chunks(data, self->chunks);
+        if (taken < 0) return NULL;
+    }
+    if (!taken) {
+        PyObject *r = feed(self, parser, data);
+        if (r != Py_True) return r; /* failed (reported) or an error */
+        Py_DECREF(r);
+    }
+    return after_read(self);
+}
+
 
 static PyObject *H1Core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     H1Core *self = (H1Core *)type->tp_alloc(type, 0);
@@ -140,12 +228,16 @@ static PyMemberDef H1Core_members[] = {
     {"chunks", T_OBJECT_EX, offsetof(H1Core, chunks), 0, NULL},
     {"complete", T_BOOL, offsetof(H1Core, complete), 0, NULL},
     {"received", T_BOOL, offsetof(H1Core, received), 0, NULL},
+    {"at_boundary", T_BOOL, offsetof(H1Core, at_boundary), 0, NULL},
+    {"chunk_end", T_BOOL, offsetof(H1Core, chunk_end), 0, NULL},
     {"sink", T_OBJECT_EX, offsetof(H1Core, sink), 0, NULL},
     {NULL},
 };
 
 static PyMethodDef H1Core_methods[] = {
     {"data_received", (PyCFunction)H1Core_data_received, METH_O, NULL},
+    {"on_chunk_header", (PyCFunction)H1Core_on_chunk_header, METH_NOARGS, NULL},
+    {"on_chunk_complete", (PyCFunction)H1Core_on_chunk_complete, METH_NOARGS, NULL},
     {NULL},
 };
 

@@ -26,6 +26,7 @@ import httptools
 
 from middleware.errors import UpstreamProtocolError
 from middleware.types import SendNowait
+from sidecar.headers import chunked
 from sidecar.speedups import H1Core
 from sidecar.upstream.types import Headers
 
@@ -101,6 +102,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         self._head_bytes = 0
         self._framed = False  # Content-Length or Transfer-Encoding seen
         self._informational = False
+        self.chunk_end = self.at_boundary = False
         self._parser = httptools.HttpResponseParser(self) if method else None
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -184,6 +186,8 @@ class H1Connection(H1Core, asyncio.Protocol):
         # Content-Length or Transfer-Encoding among the names: told here, once, rather than
         # looked for in each `on_header`.
         self._framed = not _FRAMING.isdisjoint(map(bytes.lower, map(_name, self.headers)))
+        # A chunked body begins right after the head: the parser stands between chunks.
+        self.chunk_end = self._framed and chunked(self.headers)
         if self._head_request:
             self.complete = True
             self.keep_alive = self._parser.should_keep_alive()

@@ -8,6 +8,14 @@ A read is fed to httptools' parser (whose body callback appends to `chunks`); th
 bytes go to the `sink` (the guard's `send_nowait`) straight from here when it takes them.
 Everything else a read can mean (the head, the end, a waiting reader, flow control) is the
 connection's `_after_feed`.
+
+The usual read of a streamed response is one whole chunk (`HEX CRLF payload CRLF`: a token),
+arriving where the parser stands between chunks. Such a read is taken here without the
+parser (`whole_chunks`): its payloads are what the parser would hand its body callback,
+and it would stand where it stands now. Anything else — a chunk cut across reads, the last
+chunk, an extension, a malformed size — goes to the parser whole, which then says whether
+it stands between chunks again (`chunk_end`, kept by its chunk callbacks, and a read that
+ends with the chunk's CRLF).
 """
 
 from __future__ import annotations
@@ -17,18 +25,50 @@ import httptools
 from middleware.types import SendNowait
 
 PARSE_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
+_HEX = b"0123456789abcdefABCDEF"
+MAX_SIZE_DIGITS = 8  # a larger chunk goes to the parser
+
+
+def whole_chunks(data: bytes) -> list[bytes] | None:
+    """The payloads of `data` when it is nothing but whole chunks, each `HEX CRLF payload
+    CRLF` with a size above zero in at most `MAX_SIZE_DIGITS` hex digits and no extension;
+    else None (the parser's to read)."""
+    pieces = []
+    at, end = 0, len(data)
+    while at < end:
+        line = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2)
+        if line <= at or data[at:line].strip(_HEX):
+            return None
+        size = int(data[at:line], 16)
+        start = line + 2
+        stop = start + size
+        if size == 0 or data[stop : stop + 2] != b"\r\n":
+            return None
+        pieces.append(data[start:stop])
+        at = stop + 2
+    return pieces
 
 
 class H1Core:
     """What `data_received` reads and writes of a connection; see the module docstring."""
 
-    __slots__ = ("_parser", "chunks", "complete", "received", "sink")
+    __slots__ = ("_parser", "at_boundary", "chunk_end", "chunks", "complete", "received", "sink")
 
     _parser: httptools.HttpResponseParser | None
     chunks: list[bytes]  # body bytes parsed and not yet taken
     complete: bool  # the response has ended
     received: bool  # any response byte
     sink: SendNowait | None  # takes body chunks first (Body.push_to)
+    at_boundary: bool  # the parser stands between chunks of a chunked body
+    chunk_end: bool  # the parser's last event ended a chunk, or a chunked response's head
+
+    def on_chunk_header(self) -> None:
+        """httptools' callback: a chunk's size line is read."""
+        self.chunk_end = False
+
+    def on_chunk_complete(self) -> None:
+        """httptools' callback: a chunk's payload and its CRLF are read."""
+        self.chunk_end = True
 
     def abort(self) -> None:
         raise NotImplementedError
@@ -45,11 +85,16 @@ class H1Core:
             self.abort()
             return
         self.received = True
-        try:
-            parser.feed_data(data)
-        except PARSE_ERRORS as exc:
-            self._feed_failed(exc)
-            return
+        pieces = whole_chunks(data) if self.at_boundary else None
+        if pieces is not None:
+            self.chunks.extend(pieces)  # as the parser would have: see the module docstring
+        else:
+            try:
+                parser.feed_data(data)
+            except PARSE_ERRORS as exc:
+                self._feed_failed(exc)
+                return
+            self.at_boundary = self.chunk_end and data.endswith(b"\r\n")
         chunks = self.chunks
         if chunks and self.sink is not None and self.sink(b"".join(chunks)):
             chunks.clear()  # relayed without waking the consumer

@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from middleware import frame, relaycore, speedups
@@ -597,6 +598,7 @@ def connection(twin: str, sink: Any = None) -> Any:
 
     c = Conn()
     c.events, c.chunks, c.complete, c.received, c.sink = [], [], False, False, sink
+    c.at_boundary = c.chunk_end = False
     return c
 
 
@@ -647,6 +649,143 @@ def test_bytes_on_an_idle_or_finished_connection_abort_it(twin: str) -> None:
     c._parser, c.complete = Parser(c, []), True
     c.data_received(b"x")
     assert c.events == ["abort", "abort"]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_whole_chunks_at_a_boundary_are_taken_without_the_parser(twin: str) -> None:
+    """Where the parser stands between chunks, a read of whole chunks is taken here: its
+    payloads to the sink, the parser never fed, and it still stands between chunks."""
+    taken: list[bytes] = []
+    c = connection(twin, sink=lambda body: taken.append(body) or True)
+    c._parser = Parser(c, [], AssertionError("the parser was fed"))
+    c.at_boundary = True
+    c.data_received(b"5\r\nhello\r\n")
+    c.data_received(b"00003\r\nabc\r\nA\r\n0123456789\r\n")
+    assert taken == [b"hello", b"abc0123456789"] and c.at_boundary is True
+    assert c.events == [] and c.received is True
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"5\r\nhel",  # a chunk cut across reads
+        b"5\r\nhello\r\n0\r\n\r\n",  # the last chunk
+        b"5;ext=1\r\nhello\r\n",  # an extension
+        b"+5\r\nhello\r\n",  # not a hex size
+        b"123456789\r\n",  # more than eight digits
+        b"5\r\nhelloXY",  # no CRLF after the payload
+        b"5\r\nhello\r\n3",  # whole chunks, then part of a size
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("twin", TWINS)
+def test_any_other_read_goes_to_the_parser_whole(twin: str, data: bytes) -> None:
+    """A read that is not whole chunks is the parser's, all of it (nothing taken here)."""
+    fed: list[bytes] = []
+    c = connection(twin)
+
+    class Recording(Parser):
+        def feed_data(self, data: bytes) -> None:
+            fed.append(data)
+
+    c._parser = Recording(c, [])
+    c.at_boundary = True
+    c.data_received(data)
+    assert fed == [data] and c.events == [("after", [])]
+
+
+@pytest.mark.parametrize(
+    ("chunk_end", "data", "boundary"),
+    [(True, b"x\r\n", True), (True, b"x\r", False), (False, b"x\r\n", False)],
+)
+@pytest.mark.parametrize("twin", TWINS)
+def test_after_a_feed_the_parser_stands_between_chunks_when_its_last_event_ended_one(
+    twin: str, chunk_end: bool, data: bytes, boundary: bool
+) -> None:
+    """Between chunks after a feed: the parser's last event ended a chunk (or a chunked
+    head) and the read ended with its CRLF (a byte after it would be the next size's)."""
+    c = connection(twin)
+
+    class Ending(Parser):
+        def feed_data(self, data: bytes) -> None:
+            self.conn.on_chunk_header()
+            if chunk_end:
+                self.conn.on_chunk_complete()
+
+    c._parser = Ending(c, [])
+    c.data_received(data)
+    assert c.at_boundary is boundary
+
+
+def chunked(payloads: list[bytes], upper: bool, zeros: int) -> bytes:
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    sizes = [b"0" * zeros + (b"%X" if upper else b"%x") % len(p) for p in payloads]
+    return (
+        head
+        + b"".join(size + b"\r\n" + p + b"\r\n" for size, p in zip(sizes, payloads, strict=True))
+        + b"0\r\n\r\n"
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@example([b"data: a\n\n", b"data: bc\n\n"], [80, 94, 109], False, 0, "compiled")
+@example([b"data: a\n\n", b"data: bc\n\n"], [80, 94, 109], False, 0, "python")
+@given(
+    st.lists(st.binary(min_size=1, max_size=300), max_size=8),
+    st.lists(st.integers(0, 3000), max_size=12),
+    st.booleans(),
+    st.integers(0, 3),
+    st.sampled_from(TWINS),
+)
+def test_a_chunked_body_cut_anywhere_is_the_body_httptools_reads(
+    payloads: list[bytes], cuts: list[int], upper: bool, zeros: int, twin: str
+) -> None:
+    """A chunked response cut into reads anywhere, through httptools' own parser and the
+    whole-chunk reads taken without it: the body is the payloads, in order, and the
+    response ends; a read of whole chunks at a boundary never reaches the parser."""
+    import httptools
+
+    if twin == "compiled" and compiled_sidecar is None:
+        return
+    wire = chunked(payloads, upper, zeros)
+    points = sorted({0, len(wire), *(cut % (len(wire) + 1) for cut in cuts)})
+    reads = [wire[a:b] for a, b in pairwise(points)]
+    body: list[bytes] = []
+    c = connection(twin, sink=lambda piece: body.append(piece) or True)
+
+    class Protocol:  # httptools' callbacks, as H1Connection has them
+        def on_headers_complete(self) -> None:
+            c.chunk_end = True  # a chunked head
+
+        def on_body(self, piece: bytes) -> None:
+            c.chunks.append(piece)
+
+        def on_chunk_header(self) -> None:
+            c.on_chunk_header()
+
+        def on_chunk_complete(self) -> None:
+            c.on_chunk_complete()
+
+        def on_message_complete(self) -> None:
+            c.complete = True
+
+    parser = httptools.HttpResponseParser(Protocol())
+    fed: list[bytes] = []
+
+    class Counting:
+        def feed_data(self, data: bytes) -> None:
+            fed.append(data)
+            parser.feed_data(data)
+
+    c._parser = Counting()
+    for data in reads:
+        before, count = c.at_boundary, len(fed)
+        c.data_received(data)
+        taken = before and h1core.whole_chunks(data) is not None
+        assert len(fed) == count + (not taken)
+    assert b"".join(body) == b"".join(payloads) and c.complete is True
 
 
 @pytest.mark.parametrize("twin", TWINS)
