@@ -188,7 +188,6 @@ static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
     return after_read(self);
 }
 
-
 static PyObject *H1Core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     H1Core *self = (H1Core *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
