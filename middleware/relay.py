@@ -4,9 +4,9 @@
 `send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait` extension: written
 from the upstream's read callback without waking the request's task), and the accounting
 both share, `_account`: `_tally` for a token chunk of the stream's learned frame, `_relayed`
-for any other. All but `send`, and the fields they touch, are its base `RelayCore` (`relaycore.py`,
-or its compiled twin: `speedups`). Everything else of the request — its start, the timer,
-keep-alives, failures — is `cycle.Cycle`, the one subclass.
+for any other. All but `send`, and the fields they touch, are its base `RelayCore`
+(`relaycore.py`, or its compiled twin: `speedups`). Everything else of the request — its
+start, the timer, keep-alives, failures — is `cycle.Cycle`, the one subclass.
 """
 
 from __future__ import annotations

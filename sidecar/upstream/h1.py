@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from operator import itemgetter
 from typing import cast
 
 import httptools
 
 from middleware.errors import UpstreamProtocolError
 from middleware.types import SendNowait
-from sidecar.headers import chunked
+from sidecar.headers import chunked, lower_names
 from sidecar.speedups import H1Core
 from sidecar.upstream.types import Headers
 
 MAX_HEAD_BYTES = 65536
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
-_name = itemgetter(0)
 
 
 class _Refused(Exception):
@@ -185,9 +183,10 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.head_done = True
         # Content-Length or Transfer-Encoding among the names: told here, once, rather than
         # looked for in each `on_header`.
-        self._framed = not _FRAMING.isdisjoint(map(bytes.lower, map(_name, self.headers)))
+        names = lower_names(self.headers)
+        self._framed = not _FRAMING.isdisjoint(names)
         # A chunked body begins right after the head: the parser stands between chunks.
-        self.chunk_end = self._framed and chunked(self.headers)
+        self.chunk_end = self._framed and chunked(self.headers, names)
         if self._head_request:
             self.complete = True
             self.keep_alive = self._parser.should_keep_alive()

@@ -98,10 +98,7 @@ class RequestCycle(RequestResponseCycle):
                 )
             body = message.get("body", b"")
             more_body = message.get("more_body", False)
-            head = b""
-            if self.held is not None:
-                head, self.chunked_encoding = self.held
-                self.held = None
+            head = self._take_head()
             if self.scope["method"] == "HEAD":
                 self.expected_content_length = 0
                 out = head
@@ -158,14 +155,20 @@ class RequestCycle(RequestResponseCycle):
         self.held = (head, chunked)
         self.loop.call_soon(self._write_held)
 
+    def _take_head(self) -> bytes:
+        """The held head, to be written now (b"" when none is held), its framing decided."""
+        held = self.held
+        if held is None:
+            return b""
+        self.held = None
+        head, self.chunked_encoding = held
+        return head
+
     def _write_held(self) -> None:
         """The loop turn the head was sent in has ended with no body write: write it now."""
-        held = self.held
-        if held is not None:
-            self.held = None
-            if not self.transport.is_closing():
-                self.transport.write(held[0])
-            self.chunked_encoding = held[1]
+        head = self._take_head()
+        if head and not self.transport.is_closing():
+            self.transport.write(head)
 
     async def receive(self) -> ASGIReceiveEvent:
         if self.waiting_for_100_continue and not self.transport.is_closing():
