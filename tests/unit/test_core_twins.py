@@ -1,7 +1,9 @@
 """The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
-`sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure) and compiled
-(`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`) — behave alike, each checked here side by side; the rest of the suite runs
-with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each way)."""
+`sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure, `telemetry.gaps._sorted_gaps`)
+and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`,
+`middleware/telemetry/_gaps.c`) — behave alike, each checked here side by side; the rest of
+the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
+way)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from middleware import frame, relaycore, speedups
 from middleware.phases import Phase
 from middleware.sse import LineState, advance
+from middleware.telemetry import gaps
 from sidecar.servers.uvicorn_internals import nowait
 from sidecar.upstream import h1core
 
@@ -34,6 +37,7 @@ def _built(name: str) -> Any:
 compiled_relay = _built("middleware._relaycore")
 compiled_frame = _built("middleware._frame")
 compiled_sidecar = _built("sidecar._core")
+compiled_gaps = _built("middleware.telemetry._gaps")
 TWINS = ["python", "compiled"]
 
 
@@ -47,12 +51,14 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert Relay.__mro__[1] is relaycore.RelayCore
         assert speedups.Frame is frame.Frame
         assert H1Connection.__mro__[1] is h1core.H1Core
+        assert gaps.sorted_gaps is gaps._sorted_gaps
     else:
-        built = (compiled_relay, compiled_frame, compiled_sidecar)
+        built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps)
         assert None not in built, "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
         assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
+        assert gaps.sorted_gaps is compiled_gaps.sorted_gaps
 
 
 def test_a_core_that_is_not_built_is_named_in_one_log_line(
@@ -76,6 +82,40 @@ def test_the_switch_turns_the_compiled_core_off(monkeypatch: pytest.MonkeyPatch)
 def _need(module: Any, twin: str) -> None:
     if twin == "compiled" and module is None:
         pytest.fail("the compiled core is not built: `make install` builds it (needs gcc)")
+
+
+# -- sorted_gaps (telemetry's per-token fold) --------------------------------------------------
+
+_times = st.lists(
+    st.floats(-1e9, 1e9, allow_nan=False) | st.integers(-(10**6), 10**6), max_size=600
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_times, st.none() | st.floats(-1e9, 1e9, allow_nan=False))
+@example([100.0, 100.02, 100.03, 100.03], None)
+@example([], 5.0)
+def test_the_compiled_sorted_gaps_are_the_python_ones(
+    times: list[float], last: float | None
+) -> None:
+    """The gaps between consecutive chunk times (after `last` when one is kept), sorted: the
+    compiled twin gives the same floats in the same order as the Python one, for any length
+    (its merge sort's odd-sized runs included), equal gaps, and integer times."""
+    _need(compiled_gaps, "compiled")
+    expected = gaps._sorted_gaps(times, last)
+    got = compiled_gaps.sorted_gaps(times, last)
+    assert got == expected
+    assert all(type(gap) is float for gap in got)
+
+
+def test_sorted_gaps_refuses_what_is_not_a_list_of_numbers() -> None:
+    """A wrong argument is a TypeError from both twins, not a crash or a wrong answer."""
+    _need(compiled_gaps, "compiled")
+    for sorted_gaps in (gaps._sorted_gaps, compiled_gaps.sorted_gaps):
+        with pytest.raises(TypeError):
+            sorted_gaps([1.0, "2"], None)
+    with pytest.raises(TypeError):
+        compiled_gaps.sorted_gaps((1.0, 2.0), None)
 
 
 # -- RelayCore ---------------------------------------------------------------------------
