@@ -544,15 +544,43 @@ def test_account_is_sends_accounting_as_send_nowaits(twin: str) -> None:
 # -- ChunkWriter -------------------------------------------------------------------------
 
 
-def writer(twin: str, **state: Any) -> tuple[Any, Any, list[bytes]]:
+class SlottedFlow:
+    """The sidecar's `Flow` as the writer sees it: `write_paused` a slot, the rest a dict."""
+
+    __slots__ = ("__dict__", "write_paused")
+
+
+class SlottedCycle:
+    """The sidecar's `RequestCycle` as the writer sees it: the three fields it reads per
+    chunk are slots (read in place by the compiled one), the others in the instance dict."""
+
+    __slots__ = ("__dict__", "chunked_encoding", "disconnected", "response_complete")
+
+
+class PropertyCycle(SlottedCycle):
+    """A subclass that turns one slotted field into a property: the class decides."""
+
+    @property
+    def disconnected(self) -> bool:  # type: ignore[override]
+        return bool(self.__dict__.get("gone"))
+
+
+def writer(twin: str, kind: str = "dict", **state: Any) -> tuple[Any, Any, list[bytes]]:
+    """A writer into a cycle whose fields are in its dict (`dict`), in slots (`slots`), or
+    one of them a property (`property`: set `gone` to disconnect)."""
     written: list[bytes] = []
-    cycle = SimpleNamespace(
-        flow=SimpleNamespace(write_paused=False),
-        transport=SimpleNamespace(write=written.append),
-        disconnected=False,
-        response_complete=False,
-        chunked_encoding=True,
-    )
+    fields = dict(disconnected=False, response_complete=False, chunked_encoding=True)
+    if kind == "dict":
+        flow: Any = SimpleNamespace(write_paused=False)
+        cycle: Any = SimpleNamespace(**fields)
+    else:
+        flow, cycle = SlottedFlow(), SlottedCycle() if kind == "slots" else PropertyCycle()
+        flow.write_paused = False
+        if kind == "property":
+            del fields["disconnected"]
+        for key, value in fields.items():
+            setattr(cycle, key, value)
+    cycle.flow, cycle.transport = flow, SimpleNamespace(write=written.append)
     for key, value in state.items():
         setattr(cycle, key, value)
     if twin == "compiled":
@@ -577,6 +605,7 @@ def test_a_chunk_is_framed_as_uvicorn_frames_it(twin: str, size: int) -> None:
 
 
 @pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("kind", ["dict", "slots"])
 @pytest.mark.parametrize(
     "state",
     [
@@ -584,22 +613,49 @@ def test_a_chunk_is_framed_as_uvicorn_frames_it(twin: str, size: int) -> None:
         {"response_complete": True},
         {"chunked_encoding": None},
         {"chunked_encoding": False},
+        {"chunked_encoding": 0},
     ],
 )
-def test_the_writer_refuses_what_uvicorn_would_not_write(twin: str, state: dict[str, Any]) -> None:
-    """A gone client, a complete response, or a body not chunked: refused, nothing written."""
-    write, _, written = writer(twin, **state)
+def test_the_writer_refuses_what_uvicorn_would_not_write(
+    twin: str, kind: str, state: dict[str, Any]
+) -> None:
+    """A gone client, a complete response, or a body not chunked: refused, nothing written,
+    whether the cycle keeps its fields in its dict or in slots."""
+    write, _, written = writer(twin, kind, **state)
     assert write(b"x") is False and written == []
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_the_writer_refuses_while_uvicorn_pauses_writing(twin: str) -> None:
-    """Flow control: while the transport's buffer is over its mark, refused; after, written."""
-    write, cycle, written = writer(twin)
+@pytest.mark.parametrize("kind", ["dict", "slots"])
+def test_the_writer_refuses_while_uvicorn_pauses_writing(twin: str, kind: str) -> None:
+    """Flow control: while the transport's buffer is over its mark, refused; after, written.
+    The writer reads each field at each write, never a copy made when it was made."""
+    write, cycle, written = writer(twin, kind)
     cycle.flow.write_paused = True
     assert write(b"x") is False
     cycle.flow.write_paused = False
     assert write(b"x") is True and written == [b"1\r\nx\r\n"]
+    cycle.response_complete = True
+    assert write(b"y") is False and written == [b"1\r\nx\r\n"]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_field_the_cycle_class_makes_a_property_is_read_through_it(twin: str) -> None:
+    """A slot overridden by a subclass's property is read through the property."""
+    write, cycle, written = writer(twin, "property")
+    assert write(b"x") is True
+    cycle.gone = True
+    assert write(b"x") is False and written == [b"1\r\nx\r\n"]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_an_unset_slot_raises_as_getattr_does(twin: str) -> None:
+    """A slot never set is an AttributeError from both twins, not a crash or a write."""
+    write, cycle, written = writer(twin, "slots")
+    del cycle.response_complete
+    with pytest.raises(AttributeError):
+        write(b"x")
+    assert written == []
 
 
 # -- H1Core ------------------------------------------------------------------------------

@@ -29,6 +29,11 @@ class RequestCycle(RequestResponseCycle):
     started and `run_asgi` closes the connection.
     """
 
+    # The three fields the `send_nowait` write reads per chunk (`nowait`): slots, so that the
+    # compiled writer reads them in place (sidecar/_core.c's `slot_of`). uvicorn's other
+    # fields stay in the instance dict.
+    __slots__ = ("chunked_encoding", "disconnected", "response_complete")
+
     # The protocol's two loggers (`protocol.GuardedHttpToolsProtocol`), the same objects.
     logger = logging.getLogger("uvicorn.error")
     access_logger = logging.getLogger("uvicorn.access")

@@ -62,6 +62,9 @@ class Flow(FlowControl):
     """uvicorn's flow control with its writable event a `LazyEvent` from the start (uvicorn's
     makes an `asyncio.Event`)."""
 
+    # Read per chunk by the `send_nowait` write: a slot, read in place by the compiled one.
+    __slots__ = ("write_paused",)
+
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self.read_paused = False
