@@ -3,9 +3,9 @@ time goes, function by function, under scenario a.
 
 `bench.lab.instructions` and `bench.lab.telemetry_cost` count code run with warm caches. In the
 running sidecar a token's work meets caches that the kernel's TCP path and 49 other streams
-have just used, and the same Python costs several times more: `Frame.matches` takes ~0.5 µs
-per call in a loop and 1.2-1.8 µs here. This starts sidestream through a wrapper that times
-the functions below with `perf_counter` (wall time inside each call, nested calls included;
+have just used, and the same Python costs several times more (the Python `Frame.matches`
+took ~0.5 µs per call in a loop and 1.2-1.8 µs here). This starts sidestream through a
+wrapper that times the Python functions below with `perf_counter` (wall time inside each call, nested calls included;
 the wrapper adds ~0.1-0.2 µs per call), runs scenario a, and prints per function its calls,
 µs per call and ms per 100k relayed tokens, next to the process's CPU per 100k tokens. The
 cyclic garbage collector's passes inside the load's CPU window are timed too (`gc.callbacks`),
@@ -33,25 +33,23 @@ from bench import scenarios
 from bench.targets import otlp_sink, session
 
 OUT = "BENCH_HOTSPOTS"  # where the child writes its totals (set: run as the sidecar)
-HOTSPOTS = {  # label: (module, class, function)
+HOTSPOTS = {  # label: (module the caller looks it up in, class, function)
     "Cycle.__init__": ("middleware.cycle", "Cycle", "__init__"),
-    "Cycle._relayed": ("middleware.cycle", "Cycle", "_relayed"),
-    "Cycle._observe": ("middleware.cycle", "Cycle", "_observe"),
-    "Frame.matches": ("middleware.speedups", "Frame", "matches"),
-    "Gaps.add": ("middleware.telemetry.gaps", "Gaps", "add"),
+    "ObservedCycle._relayed": ("middleware.telemetry.observed", "ObservedCycle", "_relayed"),
+    "ObservedCycle._observe": ("middleware.telemetry.observed", "ObservedCycle", "_observe"),
+    "ObservedCycle._fold": ("middleware.telemetry.observed", "ObservedCycle", "_fold"),
     "StreamRecord.__init__": ("middleware.telemetry.record", "StreamRecord", "__init__"),
     "request_attributes": ("middleware.telemetry.record", "", "request_attributes"),
     "DirectSpans.start": ("middleware.telemetry.direct", "DirectSpans", "start"),
-    "finish": ("middleware.telemetry.record", "", "finish"),
+    "finish": ("middleware.telemetry.observed", "", "finish"),
     "Gaps.fold": ("middleware.telemetry.gaps", "Gaps", "fold"),
     "Gaps.seal": ("middleware.telemetry.gaps", "Gaps", "seal"),
-    "Gaps.quantile": ("middleware.telemetry.gaps", "Gaps", "quantile"),
+    "Gaps.quantiles": ("middleware.telemetry.gaps", "Gaps", "quantiles"),
     "ChunkHistogram.fold": ("middleware.telemetry.gaps", "ChunkHistogram", "fold"),
     "LocalHistogram.merge": ("middleware.telemetry.metrics", "LocalHistogram", "merge"),
     "LocalCounter.add": ("middleware.telemetry.metrics", "LocalCounter", "add"),
-    "json.dumps": ("json", "", "dumps"),
     "DirectSpans.end": ("middleware.telemetry.direct", "DirectSpans", "end"),
-    "_Encoder.write (a span's OTLP)": ("middleware.telemetry.otlp", "_Encoder", "write"),
+    "Encoder.write (a span's OTLP)": ("middleware.telemetry.otlp_encoder", "Encoder", "write"),
     "access log (Logger.handle)": ("logging", "Logger", "handle"),
 }
 GC = ("gc gen0", "gc gen1", "gc gen2")  # the collector's passes during the load (gc.callbacks)
@@ -93,6 +91,8 @@ def child(out: str) -> int:
         if cls:
             owner = getattr(owner, cls)
         totals[label] = [0.0, 0]
+        # The per-chunk path is compiled where it was built (`middleware.speedups`): its
+        # functions cannot be wrapped here, so the table holds the Python ones around it.
         setattr(owner, name, _timed(getattr(owner, name), totals[label]))
     passes: list[tuple[float, float, int]] = []
     _time_gc(passes)

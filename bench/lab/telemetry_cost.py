@@ -109,7 +109,7 @@ def telemetry(setup: str) -> Any:
         from middleware.telemetry.otlp import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
-        exporter._client = Unsent()  # type: ignore[attr-defined]
+        exporter._client = Unsent()  # type: ignore[assignment]
     processor = BatchSpanProcessor(exporter, max_queue_size=100_000, schedule_delay_millis=600_000)
     if setup.startswith("sdk-"):
         provider = TracerProvider()
