@@ -21,7 +21,7 @@ from middleware.errors import Outcome
 from middleware.registry import StreamRegistry
 from sidecar.app import build_guard
 from sidecar.config import load
-from tests.support.clients import read_response, request
+from tests.support.clients import connection, read_response, request
 from tests.support.faulty import FaultyUpstream, record_outcomes
 from tests.support.servers import serve
 
@@ -108,30 +108,30 @@ async def test_dying_client_cancels_the_upstream_and_leaks_nothing(
             baseline = counts(upstream)
             assert baseline["upstream_busy"] == 0 and baseline["upstream_open"] == 1
 
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            requests = upstream.requests
-            if phase == "request_body":
-                writer.write(head(length=2 * len(BODY)) + BODY)  # half of the promised body
-                await wait_for(lambda: upstream.busy == 1)
-            elif phase == "first_token":
-                writer.write(head("X-Fault-TTFT-Ms: 60000\r\n") + BODY)
-                response = await read_response(reader, writer)
-                assert response.status == 200
-                await wait_for(lambda: upstream.busy == 1)
-            elif phase == "mid_stream":
-                writer.write(head("X-Fault-Tokens: 100000\r\n") + BODY)
-                response = await read_response(reader, writer)
-                for _ in range(3):
-                    assert await response.chunk()
-                assert upstream.busy == 1
-            else:
-                writer.write(head("X-Fault-Tokens: 3\r\n") + BODY)
-                response = await read_response(reader, writer)
-                await response.body()
-                await asyncio.sleep(0.05)  # idle on a kept-alive connection
-                assert upstream.busy == 0
-            assert upstream.requests == requests + 1
-            await die(reader, writer, how)
+            async with connection(port) as (reader, writer):
+                requests = upstream.requests
+                if phase == "request_body":
+                    writer.write(head(length=2 * len(BODY)) + BODY)  # half of the promised body
+                    await wait_for(lambda: upstream.busy == 1)
+                elif phase == "first_token":
+                    writer.write(head("X-Fault-TTFT-Ms: 60000\r\n") + BODY)
+                    response = await read_response(reader, writer)
+                    assert response.status == 200
+                    await wait_for(lambda: upstream.busy == 1)
+                elif phase == "mid_stream":
+                    writer.write(head("X-Fault-Tokens: 100000\r\n") + BODY)
+                    response = await read_response(reader, writer)
+                    for _ in range(3):
+                        assert await response.chunk()
+                    assert upstream.busy == 1
+                else:
+                    writer.write(head("X-Fault-Tokens: 3\r\n") + BODY)
+                    response = await read_response(reader, writer)
+                    await response.body()
+                    await asyncio.sleep(0.05)  # idle on a kept-alive connection
+                    assert upstream.busy == 0
+                assert upstream.requests == requests + 1
+                await die(reader, writer, how)
             after = await settled(upstream, baseline)
     assert after["upstream_busy"] == 0, "the upstream request was not cancelled"
     assert all(after[k] <= baseline[k] for k in baseline), (baseline, after)

@@ -26,8 +26,10 @@ POST = {"method": "POST", "path": "/v1/chat/completions", "body": b'{"stream": t
 
 async def fetch(port: int, **kwargs: Any) -> tuple[int, dict[str, str], bytes]:
     response = await request(port, **{**POST, **kwargs})
-    body = await response.body()
-    response.close()
+    try:
+        body = await response.body()
+    finally:
+        response.close()
     return response.status, {k.lower(): v for k, v in response.headers}, body
 
 

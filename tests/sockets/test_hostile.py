@@ -23,6 +23,7 @@ from sidecar.config import load
 from sidecar.headers import request_problem
 from sidecar.servers.uvicorn_internals import protocol_class
 from sidecar.servers.uvicorn_listener import HEAD_SLACK_BYTES
+from tests.support.clients import connection
 from tests.support.servers import SERVERS, Server, serve
 from tests.support.upstreams import EchoUpstream, RawConnection, RawUpstream
 
@@ -186,18 +187,18 @@ async def test_oversized_headers_431_and_oversized_body_413(echo: tuple[int, Ech
         status, _, _ = await exchange(port, HEAD + b"X-H: " + b"z" * 50_000 + b"\r\n")
         assert status == 431
         # a megabyte of headers: the server stops reading and closes long before the end
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(HEAD)
-        sent = 0
-        with pytest.raises(ConnectionError):
-            while sent < 1_000_000:
-                writer.write(b"X-H%d: %s\r\n" % (sent, b"z" * 1000))
-                await writer.drain()
-                sent += 1000
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(reader.read(1), 0.002)  # a word or EOF from the server
-                    raise ConnectionResetError("the server answered or closed")
-        writer.close()
+        async with connection(port) as (reader, writer):
+            writer.write(HEAD)
+            sent = 0
+            with pytest.raises(ConnectionError):
+                while sent < 1_000_000:
+                    writer.write(b"X-H%d: %s\r\n" % (sent, b"z" * 1000))
+                    await writer.drain()
+                    sent += 1000
+                    with contextlib.suppress(TimeoutError):
+                        # a word or EOF from the server
+                        await asyncio.wait_for(reader.read(1), 0.002)
+                        raise ConnectionResetError("the server answered or closed")
         assert sent < 1_000_000
         big = b'{"x": "' + b"a" * 5000 + b'"}'
         status, body, _ = await exchange(
@@ -249,10 +250,9 @@ async def test_connect_and_trace_are_405(echo: tuple[int, EchoUpstream], raw: by
     """CONNECT and TRACE get 405 with Allow, never a tunnel, never an echo of the request."""
     upstream_port, upstream = echo
     async with serve(sidecar_app(upstream_port), **listener()) as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(raw)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
-        writer.close()
+        async with connection(port) as (reader, writer):
+            writer.write(raw)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
         assert head.startswith(b"HTTP/1.1 405") and b"\r\nallow: " in head.lower()
         assert b"secret" not in head
         assert upstream.seen == []
@@ -264,46 +264,42 @@ async def test_slowloris_is_closed_after_the_header_timeout(echo: tuple[int, Ech
     silent one (closed); a slow but complete head and a stream longer than the timeout are served."""
     upstream_port, upstream = echo
     async with serve(sidecar_app(upstream_port), **listener(header_timeout=0.4)) as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        t0 = time.monotonic()
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
-        answer = b""
-        for i in range(40):  # one header every 50 ms: 2 s unless the server cuts it
-            writer.write(b"X-%d: a\r\n" % i)
-            try:  # wait for the server's word between writes, so it is never lost to a reset
-                answer = await asyncio.wait_for(reader.read(1), 0.05)
-                break
-            except TimeoutError:
-                continue
-        answer += await asyncio.wait_for(reader.read(), 3)
-        took = time.monotonic() - t0
-        writer.close()
+        async with connection(port) as (reader, writer):
+            t0 = time.monotonic()
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            answer = b""
+            for i in range(40):  # one header every 50 ms: 2 s unless the server cuts it
+                writer.write(b"X-%d: a\r\n" % i)
+                try:  # wait for the server's word between writes, so it is never lost to a reset
+                    answer = await asyncio.wait_for(reader.read(1), 0.05)
+                    break
+                except TimeoutError:
+                    continue
+            answer += await asyncio.wait_for(reader.read(), 3)
+            took = time.monotonic() - t0
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
         assert 0.35 < took < 1.5, took
 
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # says nothing at all
-        assert await asyncio.wait_for(reader.read(), 3) == b""
-        writer.close()
+        async with connection(port) as (reader, writer):  # says nothing at all
+            assert await asyncio.wait_for(reader.read(), 3) == b""
 
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n")  # within the timeout: served
-        await asyncio.sleep(0.2)
-        writer.write(b"\r\n")
-        # then a second request on the kept-alive connection trickles: 408 again
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
-        assert head.startswith(b"HTTP/1.1 200")
-        writer.write(b"GET /b HTTP/1.1\r\n")
-        rest = await asyncio.wait_for(reader.read(), 3)
-        writer.close()
+        async with connection(port) as (reader, writer):
+            writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n")  # within the timeout: served
+            await asyncio.sleep(0.2)
+            writer.write(b"\r\n")
+            # then a second request on the kept-alive connection trickles: 408 again
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+            assert head.startswith(b"HTTP/1.1 200")
+            writer.write(b"GET /b HTTP/1.1\r\n")
+            rest = await asyncio.wait_for(reader.read(), 3)
         assert b"HTTP/1.1 408" in rest
 
         # a stream that lasts longer than the header timeout is not cut by it
         upstream.gate.put_nowait(b"data: 1\n\n")
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /gated HTTP/1.1\r\nHost: x\r\n\r\n")
-        await asyncio.sleep(0.8)
-        upstream.gate.put_nowait(b"data: 2\n\n")
-        upstream.gate.put_nowait(None)
-        streamed = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 3)
-        writer.close()
+        async with connection(port) as (reader, writer):
+            writer.write(b"GET /gated HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.sleep(0.8)
+            upstream.gate.put_nowait(b"data: 2\n\n")
+            upstream.gate.put_nowait(None)
+            streamed = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 3)
         assert streamed.startswith(b"HTTP/1.1 200") and b"data: 2" in streamed

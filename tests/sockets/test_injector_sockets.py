@@ -4,6 +4,7 @@ over real TLS connections (the ASGI-level tests are tests/asgi/test_injector.py)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 from pathlib import Path
@@ -14,7 +15,7 @@ from sidecar.injector import InjectorApp
 from sidecar.injector.__main__ import _Config
 from sidecar.injector.tls import ReloadingCertificate
 from tests.asgi.test_injector import fixture, write_pair
-from tests.support.clients import read_response, request
+from tests.support.clients import connection, read_response, request
 from tests.support.servers import _QuietUvicorn, bound_socket, serve
 
 
@@ -39,10 +40,11 @@ def client_context(cert_pem: bytes) -> ssl.SSLContext:
 
 
 async def livez_over_tls(
-    port: int, context: ssl.SSLContext
+    opened: contextlib.AsyncExitStack, port: int, context: ssl.SSLContext
 ) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", port, ssl=context, server_hostname="localhost"
+    """GET /livez on a new TLS connection, left open; `opened` closes it however the test ends."""
+    reader, writer = await opened.enter_async_context(
+        connection(port, ssl=context, server_hostname="localhost")
     )
     writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
     response = await read_response(reader, writer)
@@ -61,11 +63,12 @@ async def test_certificate_reload_without_restart(tmp_path: Path) -> None:
     port = sock.getsockname()[1]
     server = _QuietUvicorn(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
+    opened = contextlib.AsyncExitStack()
     try:
         while not server.started:
             assert not task.done()
             await asyncio.sleep(0.005)
-        status, reader, writer = await livez_over_tls(port, client_context(cert_a))
+        status, reader, writer = await livez_over_tls(opened, port, client_context(cert_a))
         assert status == 200
 
         cert_b, _ = write_pair(tmp_path, "injector-b")
@@ -75,17 +78,18 @@ async def test_certificate_reload_without_restart(tmp_path: Path) -> None:
             await asyncio.sleep(0.01)
         assert certificate.reloads == 1
 
-        status, _, new_writer = await livez_over_tls(port, client_context(cert_b))
+        status, _, new_writer = await livez_over_tls(opened, port, client_context(cert_b))
         assert status == 200
         new_writer.close()
         with pytest.raises(ssl.SSLCertVerificationError):
-            await livez_over_tls(port, client_context(cert_a))
+            await livez_over_tls(opened, port, client_context(cert_a))
 
         writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")  # the old connection
         assert (await read_response(reader, writer)).status == 200
         writer.close()
         assert not task.done()
     finally:
+        await opened.aclose()
         server.should_exit = True
         await asyncio.wait_for(task, 10)
         sock.close()

@@ -60,14 +60,20 @@ async def open_stream(port: int, request_id: str, body: bytes) -> RawResponse:
         ("Cookie", f"session={SECRET_HEADER}"),
     ]
     response = await request(port, "POST", CHAT, body=body, headers=headers)
-    await response.chunk()  # the role chunk: the stream is under way
+    try:
+        await response.chunk()  # the role chunk: the stream is under way
+    except BaseException:
+        response.close()
+        raise
     return response
 
 
 async def streams(admin: int, query: str = "") -> tuple[int, dict[str, Any], str]:
     response = await request(admin, "GET", f"/streams{query}")
-    text = (await response.body()).decode()
-    response.close()
+    try:
+        text = (await response.body()).decode()
+    finally:
+        response.close()
     return response.status, json.loads(text), text
 
 

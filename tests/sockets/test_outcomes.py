@@ -76,8 +76,10 @@ async def sidecar(upstream: int, *flags: str) -> AsyncIterator[tuple[int, Teleme
 async def post(port: int, **headers: str) -> tuple[int, bytes]:
     hdrs = [("Content-Type", "application/json"), *headers.items()]
     response = await request(port, "POST", CHAT, body=BODY, headers=hdrs)
-    body = await response.body()
-    response.close()
+    try:
+        body = await response.body()
+    finally:
+        response.close()
     return response.status, body
 
 

@@ -34,8 +34,10 @@ async def port() -> AsyncIterator[int]:
 
 async def get(port: int, query: str) -> tuple[int, dict[str, object]]:
     response = await request(port, "GET", f"/sidestream/v1/probe?{query}")
-    data = await response.body()
-    response.close()
+    try:
+        data = await response.body()
+    finally:
+        response.close()
     return response.status, json.loads(data) if response.status != 200 else {}
 
 

@@ -120,8 +120,7 @@ async def test_chunked_request_body_is_sent_chunked() -> None:
 
 async def test_request_body_is_streamed_not_buffered() -> None:
     """The upstream sees the first body bytes before the client has sent the rest."""
-    async with echo_chain() as (port, echo, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with echo_chain() as (port, echo, _), clients.connection(port) as (reader, writer):
         head = f"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: {2 * 65536}\r\n\r\n"
         writer.write(head.encode() + b"a" * 65536)
         await writer.drain()
@@ -161,15 +160,13 @@ async def test_each_upstream_chunk_is_relayed_as_it_arrives() -> None:
 async def test_head_response_has_length_but_no_body() -> None:
     """HEAD gets the upstream's Content-Length and no body bytes: the next response on the
     same client connection starts clean."""
-    async with echo_chain() as (port, _, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with echo_chain() as (port, _, _), clients.connection(port) as (reader, writer):
         writer.write(b"HEAD /bytes?size=10 HTTP/1.1\r\nHost: x\r\n\r\n")
         head = await clients.read_response(reader, writer)
         assert (head.status, head.header("content-length")) == (200, "10")
         writer.write(b"GET /bytes?size=3 HTTP/1.1\r\nHost: x\r\n\r\n")
         response = await clients.read_response(reader, writer)
         assert (response.status, await response.body()) == (200, bytes([0, 1, 2]))
-        writer.close()
 
 
 @pytest.mark.parametrize("status", [400, 404, 429, 500, 503])
@@ -326,8 +323,11 @@ async def test_absolute_form_and_foreign_host_never_change_the_origin(server: Se
     """An absolute-form target and a Host naming another server still go to the configured
     upstream only, with the path and query of the target."""
     other = EchoUpstream()
-    async with serve(other) as other_port, echo_chain(server) as (port, echo, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with (
+        serve(other) as other_port,
+        echo_chain(server) as (port, echo, _),
+        clients.connection(port) as (reader, writer),
+    ):
         writer.write(
             f"GET http://127.0.0.1:{other_port}/x/y?q=1 HTTP/1.1\r\n"
             f"Host: 127.0.0.1:{other_port}\r\n\r\n".encode()

@@ -133,7 +133,11 @@ async def open_stream(port: int, body: bytes, headers: list[tuple[str, str]] | N
     """A chat stream through the sidecar, its head read; returns (response, stream id)."""
     response = await request(port, "POST", CHAT, body=body, headers=[*JSON, *(headers or [])])
     stream_id = response.header("sidestream-stream-id")
-    assert response.status == 200 and stream_id is not None
+    try:
+        assert response.status == 200 and stream_id is not None
+    except BaseException:
+        response.close()
+        raise
     return response, stream_id
 
 

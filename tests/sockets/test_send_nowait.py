@@ -302,10 +302,12 @@ async def _idle_stream_tasks(server: str) -> int:
             baseline = len(asyncio.all_tasks())
             body = chat(tokens=1000, itl_ms=60_000)  # the first token, then a minute of silence
             response = await request(port, "POST", "/v1/chat/completions", body=body)
-            assert await asyncio.wait_for(response.chunk(), 5) is not None
-            await asyncio.sleep(0.05)
-            tasks = len(asyncio.all_tasks()) - baseline
-            response.close()
+            try:
+                assert await asyncio.wait_for(response.chunk(), 5) is not None
+                await asyncio.sleep(0.05)
+                tasks = len(asyncio.all_tasks()) - baseline
+            finally:
+                response.close()
             for _ in range(500):
                 if stats.streams_cancelled:
                     break
@@ -405,8 +407,10 @@ async def through_the_sidecar(body: bytes, telemetry: Any = None) -> bytes:
         guard = build_guard(settings, StreamRegistry(), telemetry)
         async with serve(guard, "sidecar") as port:
             response = await request(port, "POST", "/v1/chat/completions", body=body)
-            text = await asyncio.wait_for(response.body(), 10)
-            response.close()
+            try:
+                text = await asyncio.wait_for(response.body(), 10)
+            finally:
+                response.close()
     return text
 
 

@@ -56,8 +56,10 @@ async def stream(port: int, body: bytes) -> tuple[int, dict[str, str], bytes]:
     response = await request(
         port, "POST", CHAT, body=body, headers=[("Content-Type", "application/json")]
     )
-    data = await response.body()
-    response.close()
+    try:
+        data = await response.body()
+    finally:
+        response.close()
     return response.status, {k.lower(): v for k, v in response.headers}, data
 
 

@@ -22,6 +22,7 @@ from middleware.types import Message, Receive, Scope, Send
 from sidecar.config import load
 from sidecar.servers.uvicorn_internals import GuardedHttpToolsProtocol
 from sidecar.servers.uvicorn_listener import traffic_protocol
+from tests.support.clients import connection
 from tests.support.servers import serve
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -37,15 +38,16 @@ def get(path: str = "/", *, close: bool = False, extra: bytes = b"") -> bytes:
 async def wire(server: str, app: App, *writes: bytes, pause: float = 0.0) -> bytes:
     """Everything `server` writes back to a client that sends `writes` (with `pause`
     seconds between them), until the server closes the connection."""
-    async with serve(app, server, **OPTIONS) as port:  # type: ignore[arg-type]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with (
+        serve(app, server, **OPTIONS) as port,  # type: ignore[arg-type]
+        connection(port) as (reader, writer),
+    ):
         received = bytearray()
         for data in writes:
             writer.write(data)
             await asyncio.sleep(pause)
         while chunk := await asyncio.wait_for(reader.read(65536), 5):
             received += chunk
-        writer.close()
     return bytes(received)
 
 
@@ -316,12 +318,12 @@ async def test_a_client_that_leaves_mid_response_is_told_to_the_app(
     async with serve(app, server, **OPTIONS) as port:  # type: ignore[arg-type]
         logging.getLogger("uvicorn.error").addHandler(kept)
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"%s / HTTP/1.1\r\nHost: x\r\n\r\n" % method.encode())
-            end = b"data: 1\n\n\r\n" if method == "GET" else b"\r\n\r\n"
-            head = await asyncio.wait_for(reader.readuntil(end), 5)
-            writer.close()
-            await asyncio.wait_for(done.wait(), 5)
+            async with connection(port) as (reader, writer):
+                writer.write(b"%s / HTTP/1.1\r\nHost: x\r\n\r\n" % method.encode())
+                end = b"data: 1\n\n\r\n" if method == "GET" else b"\r\n\r\n"
+                head = await asyncio.wait_for(reader.readuntil(end), 5)
+                writer.close()
+                await asyncio.wait_for(done.wait(), 5)
         finally:
             logging.getLogger("uvicorn.error").removeHandler(kept)
     assert head.startswith(b"HTTP/1.1 200 OK\r\n")
@@ -472,8 +474,10 @@ async def test_the_head_leaves_with_the_first_body_write_or_at_its_turns_end(
         await send(body(b"data: 1\n\n", more=True))
         await send(body())
 
-    async with serve(app, "sidecar", **OPTIONS) as port:  # type: ignore[arg-type]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with (
+        serve(app, "sidecar", **OPTIONS) as port,  # type: ignore[arg-type]
+        connection(port) as (reader, writer),
+    ):
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         head += b"transfer-encoding: chunked\r\n\r\n"
         chunk = b"9\r\ndata: 1\n\n\r\n"
@@ -491,7 +495,6 @@ async def test_the_head_leaves_with_the_first_body_write_or_at_its_turns_end(
             go.set()
         end = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
         assert end == chunk + b"0\r\n\r\n"
-        writer.close()
 
 
 async def test_the_access_log_line_is_uvicorns() -> None:
@@ -531,12 +534,13 @@ async def test_the_scope_names_the_connections_two_addresses(host: str) -> None:
             await send(body())
 
     for server in SERVERS:
-        async with serve(app, server, host, **OPTIONS) as port:  # type: ignore[arg-type]
-            reader, writer = await asyncio.open_connection(host, port)
+        async with (
+            serve(app, server, host, **OPTIONS) as port,  # type: ignore[arg-type]
+            connection(port, host) as (reader, writer),
+        ):
             writer.write(get(close=True))
             await asyncio.wait_for(reader.read(), 5)
             local = writer.get_extra_info("sockname")
-            writer.close()
         assert seen[-1] == ((host, port), (local[0], local[1])), server
 
 

@@ -35,7 +35,7 @@ from sidecar.servers.uvicorn_listener import traffic_protocol, traffic_server, u
 from sidecar.upstream import httpcore_internals
 from sidecar.upstream.pools import make_pool
 from sidecar.upstream.types import Upstream
-from tests.support.clients import read_response, request
+from tests.support.clients import connection, read_response, request
 from tests.support.servers import bound_socket, serve, wait_listening
 from tests.support.sseparse import parse
 
@@ -192,18 +192,17 @@ async def test_servers_sharing_the_sidecars_protocol_class_each_serve_their_own_
     async with (
         serve(answering(b"a"), http=protocol, proxy_headers=False) as a,
         serve(answering(b"b"), http=protocol, proxy_headers=False, root_path="/b") as b,
+        contextlib.AsyncExitStack() as opened,  # closes the connections however this ends
     ):
         connections = {}
         bodies = []
         for name, port in (("b", b), ("a", a), ("b", b), ("a", a)):  # each: a request on it
             if name not in connections:  # (then on a new connection to the other server)
-                connections[name] = await asyncio.open_connection("127.0.0.1", port)
+                connections[name] = await opened.enter_async_context(connection(port))
             reader, writer = connections[name]
             writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
             response = await asyncio.wait_for(read_response(reader, writer), 5)
             bodies.append(await asyncio.wait_for(response.body(), 5))
-        for _, writer in connections.values():
-            writer.close()
     assert bodies == [b"b /b /b/x", b"a  /x"] * 2
 
 
@@ -221,8 +220,7 @@ async def test_each_request_on_a_kept_alive_connection_is_parsed_anew() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async with serve(app, "sidecar") as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with serve(app, "sidecar") as port, connection(port) as (reader, writer):
         bodies = []
         for i in range(3):
             writer.write(b"POST /%d HTTP/1.1\r\nHost: x\r\n" % i)
@@ -231,7 +229,6 @@ async def test_each_request_on_a_kept_alive_connection_is_parsed_anew() -> None:
             writer.write(b"Content-Length: 2\r\n\r\nb%d" % i)
             response = await asyncio.wait_for(read_response(reader, writer), 5)
             bodies.append(await response.body())
-        writer.close()
     assert bodies == [b"/0:b0", b"/1:b1", b"/2:b2"]
 
 
@@ -248,14 +245,12 @@ async def test_pipelined_requests_are_answered_in_order_by_the_sidecars_protocol
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async with serve(app, "sidecar") as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with serve(app, "sidecar") as port, connection(port) as (reader, writer):
         writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(3)))
         bodies = []
         for _ in range(3):
             response = await asyncio.wait_for(read_response(reader, writer), 5)
             bodies.append(await response.body())
-        writer.close()
     assert bodies == [b"/0", b"/1", b"/2"]
 
 

@@ -304,22 +304,22 @@ async def test_span_ttft_matches_the_client_and_tokens_match_usage() -> None:
     """Fidelity: the span's time to first chunk is within 2 ms of what a client on the same
     machine measures, and its token counts equal the upstream's usage."""
     async with sidecar({}) as (port, spans):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = chat_body(tokens=30, ttft_ms=200, itl_ms=2)
-        head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sent = time.monotonic()
-        writer.write(head + body)
-        response = await clients.read_response(reader, writer)
-        first: float | None = None
-        raw = b""
-        while (data := await response.chunk()) is not None:
-            raw += data
-            if first is None and re.search(rb'"content":"[^"]', raw):
-                first = time.monotonic()
-        response.close()
+        async with clients.connection(port) as (reader, writer):
+            body = chat_body(tokens=30, ttft_ms=200, itl_ms=2)
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            sent = time.monotonic()
+            writer.write(head + body)
+            response = await clients.read_response(reader, writer)
+            first: float | None = None
+            raw = b""
+            while (data := await response.chunk()) is not None:
+                raw += data
+                if first is None and re.search(rb'"content":"[^"]', raw):
+                    first = time.monotonic()
+            response.close()
         span = await spans.one()
     assert first is not None
     client_ttft = first - sent

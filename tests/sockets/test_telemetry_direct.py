@@ -83,8 +83,10 @@ async def run(telemetry: Telemetry, app: Any, headers: Sequence[tuple[str, str]]
         response = await clients.request(
             port, "POST", "/v1/chat/completions", body=BODY, headers=list(headers)
         )
-        await response.body()
-        response.close()
+        try:
+            await response.body()
+        finally:
+            response.close()
         await asyncio.sleep(0.05)
 
 

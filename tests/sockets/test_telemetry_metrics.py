@@ -60,8 +60,10 @@ async def run_streams(telemetry: Telemetry, scripts: list[Any], **guard: Any) ->
             response = await clients.request(
                 port, "POST", "/v1/chat/completions", body=b'{"model": "m1", "stream": true}'
             )
-            await response.body()
-            response.close()
+            try:
+                await response.body()
+            finally:
+                response.close()
         await asyncio.sleep(0.05)
     return guard_app
 

@@ -89,8 +89,10 @@ def chat(tokens: int = 6, usage: bool | None = None, **pacing: int) -> dict[str,
 
 async def raw(port: int, body: dict[str, Any]) -> bytes:
     response = await request(port, "POST", CHAT, body=json.dumps(body).encode())
-    text = await asyncio.wait_for(response.body(), 10)
-    response.close()
+    try:
+        text = await asyncio.wait_for(response.body(), 10)
+    finally:
+        response.close()
     return text
 
 

@@ -2,13 +2,20 @@
 
 It parses just enough HTTP (status line, headers, chunked framing) to hand a test the
 body chunks as they arrive, with their arrival times.
+
+A writer left open is a ResourceWarning when it is collected, which the suite's
+`filterwarnings = ["error"]` turns into a failure of whichever test is running then:
+`connection()` and `request()` close theirs however the caller's code ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -89,16 +96,38 @@ async def request(
     headers: list[tuple[str, str]] | None = None,
     host: str = "127.0.0.1",
 ) -> RawResponse:
-    reader, writer = await asyncio.open_connection(host, port)
+    """Send one request; the response once its head is in (the caller closes it). Should
+    the request or the head fail (or the wait be cancelled), the connection is closed here."""
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}"]
     sent = {k.lower() for k, _ in headers or []}
     for key, value in headers or []:
         lines.append(f"{key}: {value}")
     if body and "content-length" not in sent and "transfer-encoding" not in sent:
         lines.append(f"Content-Length: {len(body)}")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-    await writer.drain()
-    return await read_response(reader, writer)
+    data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await read_response(reader, writer)
+    except BaseException:
+        writer.close()
+        raise
+
+
+@contextlib.asynccontextmanager
+async def connection(
+    port: int, host: str = "127.0.0.1", **options: Any
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """`asyncio.open_connection(host, port, **options)`; the writer is closed (and its close
+    awaited, up to a second) however the block ends: assertion, timeout or cancel."""
+    reader, writer = await asyncio.open_connection(host, port, **options)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):  # reset or refused by then: closed all the same
+            await asyncio.wait_for(writer.wait_closed(), 1)
 
 
 async def read_response(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> RawResponse:

@@ -87,6 +87,8 @@ async def get(
     port: int, path: str, method: str = "GET", body: bytes = b""
 ) -> tuple[int, dict[str, str], bytes]:
     response = await request(port, method, path, body=body)
-    data = await response.body()
-    response.close()
+    try:
+        data = await response.body()
+    finally:
+        response.close()
     return response.status, {k.lower(): v for k, v in response.headers}, data

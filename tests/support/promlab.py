@@ -21,7 +21,7 @@ import yaml
 
 from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Emulator
-from tests.support.clients import request
+from tests.support.clients import RawResponse, request
 from tests.support.procs import free_port
 
 SCRAPE_INTERVAL = "1s"
@@ -187,39 +187,49 @@ def chat(model: str = MODELS[0], *, tokens: int = 20, ttft_ms: int = 50, itl_ms:
 async def _whole(port: int, body: bytes, fault: str | None = None) -> int:
     headers = [("X-Test-Fault", fault)] if fault else []
     response = await request(port, "POST", CHAT, body=body, headers=headers)
-    with contextlib.suppress(ConnectionError):
-        await response.body()
-    response.close()
+    try:
+        with contextlib.suppress(ConnectionError):
+            await response.body()
+    finally:
+        response.close()
     return response.status
 
 
 async def _leave_early(port: int) -> None:
     """client_disconnected: read two chunks of a long stream, then hang up."""
     response = await request(port, "POST", CHAT, body=chat(tokens=200, itl_ms=50))
-    await response.chunk()
-    await response.chunk()
-    response.close()
+    try:
+        await response.chunk()
+        await response.chunk()
+    finally:
+        response.close()
 
 
 async def _read_nothing(port: int) -> None:
     """slow_client: a flood the client never reads, past --send-timeout."""
     response = await request(port, "POST", CHAT, body=chat(), headers=[("X-Test-Fault", "flood")])
-    await asyncio.sleep(1.5)
-    response.close()
+    try:
+        await asyncio.sleep(1.5)
+    finally:
+        response.close()
 
 
 async def _overload(port: int, limit: int = 6, extra: int = 3) -> list[int]:
     """rejected_overload: `limit` streams held open, then `extra` more are refused with 503."""
-    held = [
-        await request(port, "POST", CHAT, body=chat(MODELS[1], tokens=15, itl_ms=100))
-        for _ in range(limit)
-    ]
-    for response in held:
-        await response.chunk()
-    refused = [await _whole(port, chat()) for _ in range(extra)]
-    for response in held:
-        await response.body()
-        response.close()
+    held: list[RawResponse] = []
+    try:
+        for _ in range(limit):
+            held.append(
+                await request(port, "POST", CHAT, body=chat(MODELS[1], tokens=15, itl_ms=100))
+            )
+        for response in held:
+            await response.chunk()
+        refused = [await _whole(port, chat()) for _ in range(extra)]
+        for response in held:
+            await response.body()
+    finally:
+        for response in held:
+            response.close()
     return refused
 
 

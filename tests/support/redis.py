@@ -31,9 +31,11 @@ class RedisServer:
         for _ in range(400):
             with contextlib.suppress(OSError):
                 reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.write(b"PING\r\n")
-                line = await reader.readline()
-                writer.close()
+                try:
+                    writer.write(b"PING\r\n")
+                    line = await reader.readline()
+                finally:
+                    writer.close()
                 if line == b"+PONG\r\n":
                     return
             await asyncio.sleep(0.025)

@@ -115,9 +115,11 @@ async def token_arrivals(port: int, payload: bytes) -> tuple[list[float], bytes]
     response = await request(
         port, "POST", CHAT, body=payload, headers=[("Content-Type", "application/json")]
     )
-    assert response.status == 200
-    data = await response.body()
-    response.close()
+    try:
+        assert response.status == 200
+        data = await response.body()
+    finally:
+        response.close()
     times = [
         t for t, chunk in response.arrivals if b'"content":"' in chunk.replace(b'"content":""', b"")
     ]

@@ -26,7 +26,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.clients import RawResponse, read_response, request
+from tests.support.clients import RawResponse, connection, read_response, request
 from tests.support.llamacpp import (
     ALIAS,
     HEALTH_PATH,
@@ -178,14 +178,14 @@ async def test_access_line_ttft_and_gaps_agree_with_a_raw_client(
     stream first, so neither side's first-use costs land in the measured one.)"""
     async with running(model, tmp_path) as (_, sidecar):
         await sdk_stream(sidecar.port, "warm up", 4)
-        reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.port)
-        body = json.dumps(chat_body("time me", 100)).encode()
-        head = f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        started = time.monotonic()
-        writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        response = await read_response(reader, writer)
-        times, texts = await content_chunk_times(response)
-        response.close()
+        async with connection(sidecar.port) as (reader, writer):
+            body = json.dumps(chat_body("time me", 100)).encode()
+            head = f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            started = time.monotonic()
+            writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            response = await read_response(reader, writer)
+            times, texts = await content_chunk_times(response)
+            response.close()
         line = await sidecar.access_line(2)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     client = {

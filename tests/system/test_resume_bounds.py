@@ -38,8 +38,10 @@ async def run_streams(port: int, count: int, concurrency: int = 50) -> list[str]
     async def one() -> None:
         async with gate:
             response = await request(port, "POST", CHAT, body=chat(150, 0))
-            await response.body()
-            response.close()
+            try:
+                await response.body()
+            finally:
+                response.close()
             ids.append(response.header("sidestream-stream-id") or "")
 
     await asyncio.gather(*(one() for _ in range(count)))

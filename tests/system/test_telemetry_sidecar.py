@@ -68,12 +68,16 @@ async def start(upstream: int, **env: str) -> tuple[subprocess.Popen[bytes], int
 
 async def one_stream_then_metrics(port: int, admin: int) -> str:
     response = await request(port, "POST", "/v1/chat/completions", body=BODY)
-    await response.body()
-    response.close()
+    try:
+        await response.body()
+    finally:
+        response.close()
     await asyncio.sleep(0.1)
     metrics = await request(admin, "GET", "/metrics")
-    text = (await metrics.body()).decode()
-    metrics.close()
+    try:
+        text = (await metrics.body()).decode()
+    finally:
+        metrics.close()
     return text
 
 
