@@ -3,8 +3,8 @@
 `Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: counts in
 fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s. Per chunk
 it costs one list append; the gaps are bucketed in batches (made and sorted by
-`sorted_gaps`, then one `bisect` per non-empty bucket, not one per gap). Percentiles are read from it once, at the stream's
-end. A stream that ends before its first batch (`FOLD_AT` chunks: most streams) skips the
+`sorted_gaps`, then one `bisect` per non-empty bucket, not one per gap). Percentiles are read
+from it once, at the stream's end. A stream that ends before its first batch (`FOLD_AT` chunks: most streams) skips the
 buckets altogether: `seal` sorts its gaps once, and the readers take exact quantiles and the
 chunk histogram's counts from that sorted list (a few `bisect`s), not from buckets.
 
@@ -42,9 +42,9 @@ _NO_COUNTS: dict[int, int] = {}  # `Gaps.counts` before a fold: never written to
 
 
 def _sorted_gaps(times: list[float], last: float | None) -> list[float]:
-    """The gaps between consecutive `times` (after `last`, unless None), sorted. Most of
-    telemetry's own CPU per token is here (a float object per gap, object compares in the
-    sort): `middleware/telemetry/_gaps.c` is its compiled twin, used where it was built."""
+    """The gaps between consecutive `times` (after `last`, unless None), sorted. Per token,
+    the costliest line of telemetry's own Python (a float object per gap, object compares
+    in the sort): `middleware/telemetry/_gaps.c` is its compiled twin, used where built."""
     if last is None:
         return sorted(map(sub, times[1:], times))
     return sorted(map(sub, times, itertools.chain((last,), times)))
