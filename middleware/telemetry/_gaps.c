@@ -1,10 +1,11 @@
 /* middleware/telemetry/_gaps.c: `sorted_gaps` of middleware/telemetry/gaps.py, compiled.
  *
- * One function, the one line of `Gaps` that costs per token: a stream's chunk times turned
- * into the gaps between them, sorted. In Python, `sorted(map(sub, ...))` makes a float object
- * per gap for the subtraction and compares objects while it sorts; here the gaps are C
- * doubles until the sorted list is built. Read it beside gaps.py's `_sorted_gaps`; the test suite runs once with each (SIDESTREAM_NO_EXTENSIONS=1 picks the
- * Python one), and tests/unit/test_core_twins.py runs both on the same times.
+ * One function, the one line of `Gaps` that costs per token: a stream's chunk times turned into
+ * the gaps between them, sorted. In Python, `sorted(map(sub, ...))` makes a float object per
+ * gap for the subtraction and compares objects while it sorts; here the gaps are C doubles
+ * until the sorted list is built. Read it beside gaps.py's `_sorted_gaps`; the test suite runs
+ * once with each (SIDESTREAM_NO_EXTENSIONS=1 picks the Python one), and
+ * tests/unit/test_core_twins.py runs both on the same times.
  *
  * The times are the monotonic clock's floats: numbers, never NaN (a NaN has no place in a
  * sorted list, and the two twins would each put it somewhere else).

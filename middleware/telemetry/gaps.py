@@ -1,12 +1,12 @@
 """Inter-token gaps: a per-stream log-bucket histogram and the process-wide chunk histogram.
 
-`Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: counts in
-fixed log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s. Per chunk
-it costs one list append; the gaps are bucketed in batches (made and sorted by
-`sorted_gaps`, then one `bisect` per non-empty bucket, not one per gap). Percentiles are read
-from it once, at the stream's end. A stream that ends before its first batch (`FOLD_AT` chunks: most streams) skips the
-buckets altogether: `seal` sorts its gaps once, and the readers take exact quantiles and the
-chunk histogram's counts from that sorted list (a few `bisect`s), not from buckets.
+`Gaps` holds one stream's gaps between content-carrying chunks in O(1) memory: counts in fixed
+log buckets, 8 per octave (each at most 12.5% wide) from 2.4 µs to 150 s. Per chunk it costs
+one list append; the gaps are bucketed in batches (made and sorted by `sorted_gaps`, then one
+`bisect` per non-empty bucket, not one per gap). Percentiles are read from it once, at the
+stream's end. A stream that ends before its first batch (`FOLD_AT` chunks: most streams) skips
+the buckets altogether: `seal` sorts its gaps once, and the readers take exact quantiles and
+the chunk histogram's counts from that sorted list (a few `bisect`s), not from buckets.
 
 `ChunkHistogram` is `gen_ai.client.operation.time_per_output_chunk`, which the conventions
 record once per chunk. An SDK `Histogram.record` costs more than the whole relay of a token,
