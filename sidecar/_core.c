@@ -57,8 +57,11 @@ static int whole_chunks(PyObject *data, PyObject *chunks) {
         while (at < end) {
             /* line = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2); the size in hex */
             Py_ssize_t size = 0, line = at;
-            while (line < end && line - at < MAX_SIZE_DIGITS && hex_digit(b[line]) >= 0)
-                size = size * 16 + hex_digit(b[line++]);
+            int digit;
+            while (line < end && line - at < MAX_SIZE_DIGITS && (digit = hex_digit(b[line])) >= 0) {
+                size = size * 16 + digit;
+                line++;
+            }
             if (line == at || line + 1 >= end || b[line] != '\r' || b[line + 1] != '\n')
                 return 0;
             Py_ssize_t start = line + 2, stop = start + size;
@@ -135,8 +138,9 @@ static PyObject *after_read(H1Core *self) {
         self->sink != NULL && self->sink != Py_None) {
         Py_INCREF(chunks);
         PyObject *sink = Py_NewRef(self->sink);
-        PyObject *body = PyList_GET_SIZE(chunks) == 1 && PyBytes_CheckExact(PyList_GET_ITEM(chunks, 0))
-            ? Py_NewRef(PyList_GET_ITEM(chunks, 0)) /* what join returns for one piece */
+        PyObject *first = PyList_GET_ITEM(chunks, 0);
+        PyObject *body = PyList_GET_SIZE(chunks) == 1 && PyBytes_CheckExact(first)
+            ? Py_NewRef(first) /* what join returns for one piece */
             : PyObject_CallMethodOneArg(EMPTY, str_join, chunks);
         PyObject *took = body == NULL ? NULL : PyObject_CallOneArg(sink, body);
         Py_XDECREF(body);

@@ -46,7 +46,7 @@ def counted(target: str, scenario: str, sink_port: int) -> tuple[dict[str, int],
             units = int(figures["e_ok"])
         else:
             figures = scenarios.paced(s, tokens=200)
-            units = 50 * 200
+            units = int(figures["a_tokens"])
         tracer.send_signal(signal.SIGINT)
         tracer.wait(30)
         calls: dict[str, int] = {}
