@@ -32,6 +32,7 @@ setup(
             ("middleware._frame", "middleware/_frame.c"),
             ("middleware.telemetry._gaps", "middleware/telemetry/_gaps.c"),
             ("sidecar._core", "sidecar/_core.c"),
+            ("sidecar._heads", "sidecar/_heads.c"),
         ]
     ],
     cmdclass={"build_ext": OptionalBuildExt},

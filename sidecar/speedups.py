@@ -1,4 +1,5 @@
-"""Which per-read core the sidecar runs: compiled (`sidecar/_core.c`) or Python.
+"""Which per-read core the sidecar runs: compiled (`sidecar/_core.c`, `sidecar/_heads.c`) or
+Python.
 
 The same choice as `middleware.speedups` (whose `compiled` this uses): the compiled core
 where it was built and `SIDESTREAM_NO_EXTENSIONS` is not set, else the Python one.
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 from middleware.speedups import compiled
 
 core: ModuleType | None = compiled("sidecar._core")
+heads: ModuleType | None = compiled("sidecar._heads")  # `servers.response_head`'s twin
 
 if TYPE_CHECKING:
     from sidecar.upstream.h1core import H1Core
@@ -20,4 +22,4 @@ elif core is not None:
 else:
     from sidecar.upstream.h1core import H1Core
 
-__all__ = ["H1Core", "core"]
+__all__ = ["H1Core", "core", "heads"]

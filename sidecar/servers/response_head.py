@@ -22,14 +22,21 @@ which the tests hold this to by comparing the two on the same messages:
 Only a head with one of the three framing names pays for a loop over its headers; a bad or
 unusual one (a name not `bytes`, an item not a pair) is redone by the plain loop, uvicorn's,
 which raises what uvicorn raises.
+
+Two twins, the same rules: `_response_head` here, and the compiled one in
+`sidecar/_heads.c` (picked as `response_head` where it was built, as `sidecar.speedups`
+picks), which writes the usual head itself and hands any other to `_response_head`. The head
+is on the path to each stream's first token.
 """
 
 from __future__ import annotations
 
 import http
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from sidecar.speedups import heads
 
 _BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
 _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
@@ -55,8 +62,8 @@ STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 Head = tuple[bytes, bool | None, int, bool]
 
 
-def response_head(
-    status: int, headers: Sequence[Any], *, keep_alive: bool, head_request: bool
+def _response_head(
+    status: int, headers: Sequence[Any], keep_alive: bool, head_request: bool
 ) -> Head:
     """The head for `status` and `headers` (the server's default headers first) on a
     connection kept alive or not, answering a HEAD request or not."""
@@ -130,3 +137,8 @@ def _plain(
         content.append(_CHUNKED)
     content.append(b"\r\n")
     return b"".join(content), chunked, length, keep_alive
+
+
+response_head: Callable[[int, Sequence[Any], bool, bool], Head] = (
+    _response_head if heads is None else heads.response_head
+)

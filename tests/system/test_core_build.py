@@ -36,8 +36,10 @@ def test_a_build_without_a_compiler_falls_back_to_pure_python(tmp_path: Path) ->
     assert "middleware._relaycore is not built" in output
     assert "sidecar._core is not built" in output
     assert "middleware.telemetry._gaps is not built" in output
+    assert "sidecar._heads is not built" in output
     (wheel,) = tmp_path.glob("sidestream-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "middleware/relaycore.py" in names and "sidecar/upstream/h1core.py" in names
     assert "middleware/telemetry/gaps.py" in names
+    assert "sidecar/servers/response_head.py" in names
     assert not [n for n in names if n.endswith(".so")]

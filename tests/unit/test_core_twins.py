@@ -3,7 +3,8 @@
 and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`,
 `middleware/telemetry/_gaps.c`) — behave alike, each checked here side by side; the rest of
 the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
-way)."""
+way). The response head's twins (`sidecar/_heads.c`) are held to uvicorn, each of them, in
+`test_response_head.py`."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ compiled_relay = _built("middleware._relaycore")
 compiled_frame = _built("middleware._frame")
 compiled_sidecar = _built("sidecar._core")
 compiled_gaps = _built("middleware.telemetry._gaps")
+compiled_heads = _built("sidecar._heads")
 TWINS = ["python", "compiled"]
 
 
@@ -45,6 +47,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
     """Without SIDESTREAM_NO_EXTENSIONS the compiled core is built and in use (a failed build
     would otherwise make both runs of the suite pure Python); with it, the Python one is."""
     from middleware.relay import Relay
+    from sidecar.servers import response_head
     from sidecar.upstream.h1 import H1Connection
 
     if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
@@ -52,13 +55,15 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert speedups.Frame is frame.Frame
         assert H1Connection.__mro__[1] is h1core.H1Core
         assert gaps.sorted_gaps is gaps._sorted_gaps
+        assert response_head.response_head is response_head._response_head
     else:
-        built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps)
+        built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps, compiled_heads)
         assert None not in built, "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
         assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
         assert gaps.sorted_gaps is compiled_gaps.sorted_gaps
+        assert response_head.response_head is compiled_heads.response_head
 
 
 def test_a_core_that_is_not_built_is_named_in_one_log_line(

@@ -4,20 +4,38 @@ byte, with the same framing decided, and the same error raised for a head uvicor
 
 Each case runs the message through uvicorn's own `RequestResponseCycle.send` (the release
 installed, the one the gate checks) on a transport that records what is written, and through
-`response_head`; the two must agree.
+each twin of `response_head` (Python, and compiled: `sidecar/_heads.c`); they must agree.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from sidecar.servers.response_head import response_head
+from sidecar.servers import response_head as module
+
+Head = Callable[..., Any]
+
+
+@pytest.fixture(params=["python", "compiled"])
+def head(request: pytest.FixtureRequest) -> Head:
+    """Each twin, whichever one `SIDESTREAM_NO_EXTENSIONS` picks for the rest of the suite."""
+    if request.param == "python":
+        return module._response_head
+    try:
+        compiled: Head = importlib.import_module("sidecar._heads").response_head
+    except ImportError:
+        pytest.fail("the compiled twin is not built: `make install` builds it (needs gcc)")
+    return compiled
 
 
 class Transport:
@@ -72,18 +90,18 @@ def uvicorns(status: Any, headers: Any, *, keep_alive: bool, method: str) -> obj
     )
 
 
-def ours(status: Any, headers: Any, *, keep_alive: bool, method: str) -> object:
+def ours(head: Head, status: Any, headers: Any, *, keep_alive: bool, method: str) -> object:
     try:
-        return response_head(
-            status, list(headers), keep_alive=keep_alive, head_request=method == "HEAD"
-        )
+        return head(status, headers, keep_alive, method == "HEAD")
     except Exception as exc:
         return type(exc), str(exc)
 
 
-def agree(status: Any, headers: Any, *, keep_alive: bool = True, method: str = "POST") -> object:
+def agree(
+    head: Head, status: Any, headers: Any, *, keep_alive: bool = True, method: str = "POST"
+) -> object:
     theirs = uvicorns(status, headers, keep_alive=keep_alive, method=method)
-    assert ours(status, headers, keep_alive=keep_alive, method=method) == theirs
+    assert ours(head, status, headers, keep_alive=keep_alive, method=method) == theirs
     return theirs
 
 
@@ -91,12 +109,14 @@ SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
 @pytest.mark.parametrize("byte", range(256))
-def test_a_header_name_or_value_is_refused_for_the_bytes_uvicorn_refuses(byte: int) -> None:
+def test_a_header_name_or_value_is_refused_for_the_bytes_uvicorn_refuses(
+    head: Head, byte: int
+) -> None:
     """Every byte, in a name and in a value (with good headers around it): refused with
     uvicorn's error exactly when uvicorn refuses it, else the same head."""
     char = bytes([byte])
-    agree(200, [*SSE, (b"x-" + char + b"y", b"1"), (b"x-z", b"2")])
-    agree(200, [*SSE, (b"x-a", b"v" + char + b"w"), (b"x-z", b"2")])
+    agree(head, 200, [*SSE, (b"x-" + char + b"y", b"1"), (b"x-z", b"2")])
+    agree(head, 200, [*SSE, (b"x-a", b"v" + char + b"w"), (b"x-z", b"2")])
 
 
 @pytest.mark.parametrize(
@@ -110,10 +130,10 @@ def test_a_header_name_or_value_is_refused_for_the_bytes_uvicorn_refuses(byte: i
         [(b"", b"empty name")],
     ],
 )
-def test_the_first_bad_header_decides_the_error_as_in_uvicorn(headers: Any) -> None:
+def test_the_first_bad_header_decides_the_error_as_in_uvicorn(head: Head, headers: Any) -> None:
     """With more than one thing wrong, the error raised is the one uvicorn's loop meets
     first: headers in order, each name before its value."""
-    agree(200, headers)
+    agree(head, 200, headers)
 
 
 @pytest.mark.parametrize(
@@ -139,12 +159,12 @@ def test_the_first_bad_header_decides_the_error_as_in_uvicorn(headers: Any) -> N
 @pytest.mark.parametrize("method", ["POST", "HEAD"])
 @pytest.mark.parametrize("status", [200, 204, 304, 404, 299])
 def test_framing_and_keep_alive_are_decided_as_uvicorn_decides_them(
-    headers: Any, keep_alive: bool, method: str, status: int
+    head: Head, headers: Any, keep_alive: bool, method: str, status: int
 ) -> None:
     """Content-Length, chunked, neither (HEAD, 204 and 304 have no body), `connection:
     close` from the app or added for a connection not kept alive, a status without a
     phrase: the same head and the same framing state."""
-    agree(status, headers, keep_alive=keep_alive, method=method)
+    agree(head, status, headers, keep_alive=keep_alive, method=method)
 
 
 @pytest.mark.parametrize(
@@ -164,13 +184,43 @@ def test_framing_and_keep_alive_are_decided_as_uvicorn_decides_them(
     ],
     ids=repr,
 )
-def test_headers_of_an_unusual_shape_get_what_uvicorn_gives_them(headers: Any) -> None:
+def test_headers_of_an_unusual_shape_get_what_uvicorn_gives_them(head: Head, headers: Any) -> None:
     """Lists for pairs, bytes-likes, str, items of the wrong length: written as uvicorn
     writes them, or refused with uvicorn's error."""
-    agree(200, headers)
+    agree(head, 200, headers)
 
 
 @pytest.mark.parametrize("status", [99, 600, "200", None])
-def test_a_status_uvicorn_has_no_line_for_is_refused_alike(status: Any) -> None:
+def test_a_status_uvicorn_has_no_line_for_is_refused_alike(head: Head, status: Any) -> None:
     """A status outside 100..599, or not an int: uvicorn's `KeyError`."""
-    agree(status, SSE)
+    agree(head, status, SSE)
+
+
+_NAMES = st.sampled_from(
+    [b"content-type", b"Content-Length", b"content-length", b"Transfer-Encoding", b"connection"]
+    + [b"CONNECTION", b"x-a", b"X-Request-Id", b"", b"bad name", b"x(y)", b"caf\xc3\xa9"]
+)
+_VALUES = st.sampled_from(
+    [b"chunked", b"CHUNKED", b"gzip, chunked", b"5", b" 12 ", b"1_0", b"-3", b"abc", b""]
+    + [b"close", b"keep-alive, Close", b"\tclose\t", b"closed", b"text/event-stream"]
+    + [b"\xff", b"\xc3\xa9", b"a\rb", b"a\x00"]
+) | st.binary(max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([200, 204, 304, 404, 299, 500]),
+    st.lists(st.tuples(_NAMES, _VALUES), max_size=6),
+    st.booleans(),
+    st.sampled_from(["POST", "HEAD"]),
+)
+def test_any_head_of_these_names_and_values_is_uvicorns(
+    status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool, method: str
+) -> None:
+    """Framing names in any order and casing, repeated, with values good, odd (numbers
+    `int()` takes or refuses, non-UTF-8 bytes) and bad (control bytes): both twins give
+    uvicorn's head, framing and keep-alive, or its error."""
+    theirs = uvicorns(status, headers, keep_alive=keep_alive, method=method)
+    compiled = importlib.import_module("sidecar._heads").response_head
+    for head in (module._response_head, compiled):
+        assert ours(head, status, headers, keep_alive=keep_alive, method=method) == theirs

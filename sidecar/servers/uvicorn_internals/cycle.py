@@ -155,7 +155,7 @@ class RequestCycle(RequestResponseCycle):
                 status,
             )
         head, chunked, self.expected_content_length, self.keep_alive = response_head(
-            status, headers, keep_alive=self.keep_alive, head_request=self.scope["method"] == "HEAD"
+            status, headers, self.keep_alive, self.scope["method"] == "HEAD"
         )
         self.held = (head, chunked)
         self.loop.call_soon(self._write_held)
