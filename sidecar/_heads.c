@@ -1,11 +1,16 @@
-/* The compiled twin of `sidecar/servers/response_head.py`'s `_response_head`: the HTTP/1.1
- * response head the traffic listener writes, by uvicorn's rules. Read it beside the Python
- * twin; the rules are listed in that module's docstring.
+/* The compiled twins of the two head rules on the path to each stream's first token:
  *
- * It takes the usual head: a list or tuple of (bytes, bytes) tuples, an int status, no bad
- * byte. Any other head — a bad byte, a name or value not exactly bytes, an item not a
- * 2-tuple, a status not exactly an int — is handed to the Python twin whole, which writes
- * it as uvicorn does or raises what uvicorn raises, at the header where uvicorn raises it.
+ * - `response_head`: `sidecar/servers/response_head.py`'s `_response_head`, the HTTP/1.1
+ *   response head the traffic listener writes, by uvicorn's rules;
+ * - `request_rules`: `sidecar/headers.py`'s `_request_rules`, what the proxy asks of a client
+ *   request's headers (its size, a framing problem, its Content-Length, chunked or not, and
+ *   the headers to send upstream).
+ *
+ * Read each beside its Python twin, where the rules are written out. Each takes the usual
+ * headers: a list or tuple of (bytes, bytes) tuples. Anything else — a name or value not
+ * exactly bytes, an item not a 2-tuple, and for the response head a bad byte or a status
+ * not exactly an int — is handed to the Python twin whole, which does what it always did
+ * (writes it as uvicorn does, or raises what uvicorn raises where uvicorn raises it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,6 +19,10 @@
 static PyObject *STATUS_LINES = NULL; /* the Python module's, status -> status line */
 static PyObject *PYTHON_TWIN = NULL;  /* its `_response_head` */
 static PyObject *ZERO = NULL;
+/* sidecar.headers: `_request_rules`, `HOP_BY_HOP`, `_DROPPED` */
+static PyObject *RULES_TWIN = NULL, *HOP_BY_HOP = NULL, *DROPPED = NULL;
+static PyObject *HOST, *ACCEPT_ENCODING, *IDENTITY, *X_FORWARDED_FOR, *X_FORWARDED_PROTO,
+    *X_FORWARDED_HOST, *COMMA_SPACE, *VERSIONS[3];
 
 static unsigned char BAD_NAME[256];  /* `_BAD_NAME`: controls, DEL, delimiters but / and ? */
 static unsigned char BAD_VALUE[256]; /* `_BAD_VALUE`: controls but tab, DEL */
@@ -184,15 +193,313 @@ fail:
     return NULL;
 }
 
+
+/* ---- request_rules ------------------------------------------------------------------- */
+
+/* sidecar.headers, at the first request (it imports this module while it loads) */
+static int load_rules(void) {
+    if (RULES_TWIN != NULL) return 0;
+    PyObject *module = PyImport_ImportModule("sidecar.headers");
+    if (module == NULL) return -1;
+    HOP_BY_HOP = PyObject_GetAttrString(module, "HOP_BY_HOP");
+    DROPPED = HOP_BY_HOP ? PyObject_GetAttrString(module, "_DROPPED") : NULL;
+    RULES_TWIN = DROPPED ? PyObject_GetAttrString(module, "_request_rules") : NULL;
+    Py_DECREF(module);
+    if (RULES_TWIN == NULL) {
+        Py_CLEAR(HOP_BY_HOP);
+        Py_CLEAR(DROPPED);
+        return -1;
+    }
+    return 0;
+}
+
+static int bytes_equal(PyObject *b, const char *text) {
+    return (size_t)PyBytes_GET_SIZE(b) == strlen(text) &&
+           memcmp(PyBytes_AS_STRING(b), text, PyBytes_GET_SIZE(b)) == 0;
+}
+
+/* `name.lower()`, the same object when it has no capital */
+static PyObject *lowered(PyObject *name) {
+    const char *n = PyBytes_AS_STRING(name);
+    Py_ssize_t size = PyBytes_GET_SIZE(name), i = 0;
+    while (i < size && !Py_ISUPPER((unsigned char)n[i])) i++;
+    if (i == size) return Py_NewRef(name);
+    PyObject *lower = PyBytes_FromStringAndSize(n, size);
+    if (lower == NULL) return NULL;
+    char *out = PyBytes_AS_STRING(lower);
+    for (; i < size; i++) out[i] = (char)Py_TOLOWER((unsigned char)n[i]);
+    return lower;
+}
+
+/* The bounds of `value`'s last comma-separated part, stripped: `_codings(...)[-1]` */
+static int last_coding_is_chunked(PyObject *value) {
+    const char *v = PyBytes_AS_STRING(value);
+    Py_ssize_t end = PyBytes_GET_SIZE(value), start = end;
+    while (start > 0 && v[start - 1] != ',') start--;
+    while (start < end && is_space((unsigned char)v[start])) start++;
+    while (end > start && is_space((unsigned char)v[end - 1])) end--;
+    return lower_equals(v + start, end - start, "chunked");
+}
+
+/* `bytes.strip().isdigit()`: ASCII digits, at least one, around them ASCII whitespace */
+static int stripped_digits(PyObject *value) {
+    const char *v = PyBytes_AS_STRING(value);
+    Py_ssize_t end = PyBytes_GET_SIZE(value), start = 0;
+    while (start < end && is_space((unsigned char)v[start])) start++;
+    while (end > start && is_space((unsigned char)v[end - 1])) end--;
+    if (start == end) return 0;
+    for (Py_ssize_t i = start; i < end; i++)
+        if (v[i] < '0' || v[i] > '9') return 0;
+    return 1;
+}
+
+/* `connection_tokens`: every comma-separated token of every Connection header, stripped,
+ * lower-cased, into `tokens` */
+static int add_tokens(PyObject *tokens, PyObject *value) {
+    const char *v = PyBytes_AS_STRING(value);
+    Py_ssize_t size = PyBytes_GET_SIZE(value), start = 0;
+    while (start <= size) {
+        Py_ssize_t end = start;
+        while (end < size && v[end] != ',') end++;
+        Py_ssize_t a = start, b = end;
+        while (a < b && is_space((unsigned char)v[a])) a++;
+        while (b > a && is_space((unsigned char)v[b - 1])) b--;
+        if (b > a) {
+            PyObject *token = PyBytes_FromStringAndSize(v + a, b - a);
+            if (token == NULL) return -1;
+            char *t = PyBytes_AS_STRING(token);
+            for (Py_ssize_t i = 0; i < b - a; i++) t[i] = (char)Py_TOLOWER((unsigned char)t[i]);
+            int added = PySet_Add(tokens, token);
+            Py_DECREF(token);
+            if (added < 0) return -1;
+        }
+        start = end + 1;
+    }
+    return 0;
+}
+
+static int append_pair(PyObject *list, PyObject *name, PyObject *value) {
+    PyObject *pair = PyTuple_Pack(2, name, value);
+    if (pair == NULL) return -1;
+    int appended = PyList_Append(list, pair);
+    Py_DECREF(pair);
+    return appended;
+}
+
+/* `forwarded_for`: the client's values (stripped, empty ones left out), then the peer */
+static PyObject *forwarded_for(PyObject *prior, PyObject *client) {
+    PyObject *parts = PyList_New(0);
+    if (parts == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(prior); i++) {
+        PyObject *part = PyObject_CallMethod(PyList_GET_ITEM(prior, i), "strip", NULL);
+        if (part == NULL || (PyBytes_GET_SIZE(part) && PyList_Append(parts, part) < 0)) {
+            Py_XDECREF(part);
+            Py_DECREF(parts);
+            return NULL;
+        }
+        Py_DECREF(part);
+    }
+    int peer = PyObject_IsTrue(client);
+    if (peer < 0) goto fail;
+    if (peer) {
+        PyObject *encoded = PyUnicode_AsLatin1String(client);
+        if (encoded == NULL) goto fail;
+        int appended = PyList_Append(parts, encoded);
+        Py_DECREF(encoded);
+        if (appended < 0) goto fail;
+    }
+    if (PyList_GET_SIZE(parts) == 0) {
+        Py_DECREF(parts);
+        Py_RETURN_NONE;
+    }
+    PyObject *joined = PyObject_CallMethod(COMMA_SPACE, "join", "O", parts);
+    Py_DECREF(parts);
+    return joined;
+fail:
+    Py_DECREF(parts);
+    return NULL;
+}
+
+/* What the request's header lines hold, in one pass */
+typedef struct {
+    Py_ssize_t size, lengths, first_length, encodings, last_encoding, hosts, first_host;
+    int bad_byte, connection, forwarded;
+} Seen;
+
+static PyObject *problem_of(Seen *seen, PyObject **items, PyObject *version) {
+    int known = 0;
+    for (int i = 0; i < 3; i++) {
+        int equal = PyUnicode_Compare(version, VERSIONS[i]);
+        if (equal == -1 && PyErr_Occurred()) return NULL;
+        known |= equal == 0;
+    }
+    const char *problem = NULL;
+    if (!known) return PyUnicode_FromFormat("HTTP version %R is not served", version);
+    if (seen->bad_byte)
+        problem = "a header contains CR, LF or NUL";
+    else if (seen->lengths && seen->encodings)
+        problem = "both Content-Length and Transfer-Encoding";
+    else if (seen->lengths > 1)
+        problem = "more than one Content-Length";
+    else if (seen->lengths && !stripped_digits(PyTuple_GET_ITEM(items[seen->first_length], 1)))
+        problem = "Content-Length is not a number";
+    else if (seen->encodings &&
+             !last_coding_is_chunked(PyTuple_GET_ITEM(items[seen->last_encoding], 1)))
+        problem = "Transfer-Encoding does not end in chunked";
+    else if (seen->hosts > 1 ||
+             (seen->hosts == 0 && PyUnicode_CompareWithASCIIString(version, "1.1") == 0))
+        problem = "an HTTP/1.1 request needs exactly one Host";
+    if (problem == NULL) Py_RETURN_NONE;
+    return PyUnicode_FromString(problem);
+}
+
+/* The headers to send upstream: `request_headers` */
+static PyObject *upstream_headers(Seen *seen, PyObject **items, PyObject *names, Py_ssize_t count,
+                                  PyObject *authority, PyObject *client, PyObject *scheme) {
+    PyObject *hop = Py_NewRef(HOP_BY_HOP), *drop = Py_NewRef(DROPPED), *out = NULL;
+    PyObject *prior = NULL, *xff = NULL, *proto = NULL;
+    if (seen->connection) { /* hop-by-hop names it lists too */
+        Py_SETREF(hop, PySet_New(HOP_BY_HOP));
+        if (hop == NULL) goto done;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (bytes_equal(PyList_GET_ITEM(names, i), "connection") &&
+                add_tokens(hop, PyTuple_GET_ITEM(items[i], 1)) < 0)
+                goto done;
+        Py_SETREF(drop, PyNumber_Or(hop, DROPPED));
+        if (drop == NULL) goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL || append_pair(out, HOST, authority) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        int dropped = PySet_Contains(drop, name);
+        if (dropped < 0 || (!dropped && append_pair(out, name, PyTuple_GET_ITEM(items[i], 1)) < 0))
+            goto fail;
+    }
+    if (append_pair(out, ACCEPT_ENCODING, IDENTITY) < 0) goto fail;
+    prior = PyList_New(0);
+    if (prior == NULL) goto fail;
+    int hop_xff = seen->forwarded ? PySet_Contains(hop, X_FORWARDED_FOR) : 1;
+    if (hop_xff < 0) goto fail;
+    for (Py_ssize_t i = 0; !hop_xff && i < count; i++)
+        if (bytes_equal(PyList_GET_ITEM(names, i), "x-forwarded-for") &&
+            PyList_Append(prior, PyTuple_GET_ITEM(items[i], 1)) < 0)
+            goto fail;
+    xff = forwarded_for(prior, client);
+    if (xff == NULL || (xff != Py_None && append_pair(out, X_FORWARDED_FOR, xff) < 0)) goto fail;
+    proto = PyUnicode_AsLatin1String(scheme);
+    if (proto == NULL || append_pair(out, X_FORWARDED_PROTO, proto) < 0) goto fail;
+    int hop_host = seen->hosts ? PySet_Contains(hop, HOST) : 1;
+    if (hop_host < 0) goto fail;
+    if (!hop_host &&
+        append_pair(out, X_FORWARDED_HOST, PyTuple_GET_ITEM(items[seen->first_host], 1)) < 0)
+        goto fail;
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(hop);
+    Py_XDECREF(drop);
+    Py_XDECREF(prior);
+    Py_XDECREF(xff);
+    Py_XDECREF(proto);
+    return out;
+}
+
+/* request_rules(headers, http_version, authority, client, scheme)
+ *   -> (size, problem, content_length, chunked, upstream_headers) */
+static PyObject *request_rules(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "request_rules takes 5 arguments");
+        return NULL;
+    }
+    if (load_rules() < 0) return NULL;
+    PyObject *headers = args[0], *version = args[1], *scheme = args[4];
+    if (!(PyList_CheckExact(headers) || PyTuple_CheckExact(headers)) ||
+        !PyUnicode_CheckExact(version) || !PyUnicode_CheckExact(scheme) ||
+        !(args[3] == Py_None || PyUnicode_CheckExact(args[3])))
+        return PyObject_Vectorcall(RULES_TWIN, args, nargs, NULL);
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(headers);
+    PyObject **items = PySequence_Fast_ITEMS(headers);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = items[i];
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
+            return PyObject_Vectorcall(RULES_TWIN, args, nargs, NULL);
+    }
+    PyObject *names = PyList_New(count), *problem = NULL, *declared = NULL, *upstream = NULL;
+    if (names == NULL) return NULL;
+    Seen seen = {0};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyTuple_GET_ITEM(items[i], 0), *value = PyTuple_GET_ITEM(items[i], 1);
+        PyObject *lower = lowered(name);
+        if (lower == NULL) goto fail;
+        PyList_SET_ITEM(names, i, lower);
+        seen.size += PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + 4;
+        seen.bad_byte |= memchr(PyBytes_AS_STRING(name), '\r', PyBytes_GET_SIZE(name)) ||
+                         memchr(PyBytes_AS_STRING(name), '\n', PyBytes_GET_SIZE(name)) ||
+                         memchr(PyBytes_AS_STRING(name), 0, PyBytes_GET_SIZE(name)) ||
+                         memchr(PyBytes_AS_STRING(value), '\r', PyBytes_GET_SIZE(value)) ||
+                         memchr(PyBytes_AS_STRING(value), '\n', PyBytes_GET_SIZE(value)) ||
+                         memchr(PyBytes_AS_STRING(value), 0, PyBytes_GET_SIZE(value));
+        if (bytes_equal(lower, "content-length")) {
+            if (!seen.lengths++) seen.first_length = i;
+        } else if (bytes_equal(lower, "transfer-encoding")) {
+            seen.encodings++;
+            seen.last_encoding = i;
+        } else if (bytes_equal(lower, "host")) {
+            if (!seen.hosts++) seen.first_host = i;
+        } else if (bytes_equal(lower, "connection")) {
+            seen.connection = 1;
+        } else if (bytes_equal(lower, "x-forwarded-for")) {
+            seen.forwarded = 1;
+        }
+    }
+    problem = problem_of(&seen, items, version);
+    if (problem == NULL) goto fail;
+    if (seen.lengths) { /* int() of the first, None when it is not a number */
+        declared = PyNumber_Long(PyTuple_GET_ITEM(items[seen.first_length], 1));
+        if (declared == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_ValueError)) goto fail;
+            PyErr_Clear();
+        }
+    }
+    if (declared == NULL) declared = Py_NewRef(Py_None);
+    int chunked =
+        seen.encodings && last_coding_is_chunked(PyTuple_GET_ITEM(items[seen.last_encoding], 1));
+    upstream = upstream_headers(&seen, items, names, count, args[2], args[3], scheme);
+    if (upstream == NULL) goto fail;
+    PyObject *size = PyLong_FromSsize_t(seen.size);
+    if (size == NULL) goto fail;
+    PyObject *result =
+        PyTuple_Pack(5, size, problem, declared, chunked ? Py_True : Py_False, upstream);
+    Py_DECREF(size);
+    Py_DECREF(names);
+    Py_DECREF(problem);
+    Py_DECREF(declared);
+    Py_DECREF(upstream);
+    return result;
+fail:
+    Py_DECREF(names);
+    Py_XDECREF(problem);
+    Py_XDECREF(declared);
+    Py_XDECREF(upstream);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"response_head", (PyCFunction)(void (*)(void))response_head, METH_FASTCALL,
      "response_head(status, headers, keep_alive, head_request): the compiled twin of "
      "sidecar.servers.response_head._response_head."},
+    {"request_rules", (PyCFunction)(void (*)(void))request_rules, METH_FASTCALL,
+     "request_rules(headers, http_version, authority, client, scheme): the compiled twin of "
+     "sidecar.headers._request_rules."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "sidecar._heads", "The compiled twin of response_head.", -1, methods,
+    PyModuleDef_HEAD_INIT, "sidecar._heads", "The compiled twins of the head rules.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__heads(void) {
@@ -202,5 +509,19 @@ PyMODINIT_FUNC PyInit__heads(void) {
     }
     ZERO = PyLong_FromLong(0);
     if (ZERO == NULL) return NULL;
+    struct { PyObject **name; const char *text; } constants[] = {
+        {&HOST, "host"}, {&ACCEPT_ENCODING, "accept-encoding"}, {&IDENTITY, "identity"},
+        {&X_FORWARDED_FOR, "x-forwarded-for"}, {&X_FORWARDED_PROTO, "x-forwarded-proto"},
+        {&X_FORWARDED_HOST, "x-forwarded-host"}, {&COMMA_SPACE, ", "},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++) {
+        *constants[i].name = PyBytes_FromString(constants[i].text);
+        if (*constants[i].name == NULL) return NULL;
+    }
+    const char *versions[] = {"1.0", "1.1", "2"}; /* headers._VERSIONS */
+    for (int i = 0; i < 3; i++) {
+        VERSIONS[i] = PyUnicode_InternFromString(versions[i]);
+        if (VERSIONS[i] == NULL) return NULL;
+    }
     return PyModule_Create(&module_def);
 }

@@ -14,9 +14,11 @@ Deliberate choices:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress
 from operator import itemgetter, not_
+
+from sidecar.speedups import heads
 
 Headers = list[tuple[bytes, bytes]]
 Pairs = Sequence[tuple[bytes, bytes]]
@@ -213,6 +215,33 @@ def request_headers(
     if b"host" in names and b"host" not in hop:
         out.append((b"x-forwarded-host", headers[names.index(b"host")][1]))
     return out
+
+
+# What the proxy asks of a client request's headers (`request_rules`): their size on the wire,
+# why their framing is unsafe (None: it is not), the declared Content-Length, chunked or not,
+# and the headers to send upstream.
+RequestRules = tuple[int, str | None, int | None, bool, Headers]
+
+
+def _request_rules(
+    headers: Pairs, http_version: str, authority: bytes, client: str | None, scheme: str
+) -> RequestRules:
+    """Every rule above that the proxy asks of one request, in one call (the Python twin of
+    `sidecar/_heads.c`'s `request_rules`, picked below where it was built): the lower-cased
+    names made once for all of them. They are on the path to each stream's first token."""
+    names = lower_names(headers)
+    return (
+        header_bytes(headers),
+        request_problem(headers, http_version, names),
+        content_length(headers, names),
+        chunked(headers, names),
+        request_headers(headers, authority=authority, client=client, scheme=scheme, names=names),
+    )
+
+
+request_rules: Callable[[Pairs, str, bytes, str | None, str], RequestRules] = (
+    _request_rules if heads is None else heads.request_rules
+)
 
 
 def response_headers(headers: Pairs) -> Headers:

@@ -231,31 +231,25 @@ class ProxyApp:
             allow = [(b"allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")]
             await _refuse(send, 405, "method_not_allowed", f"{method} is not proxied", allow)
             return None
-        client_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        if rules.header_bytes(client_headers) > self.max_header_bytes:
+        client = scope.get("client")
+        size, problem, declared, chunked, upstream_headers = rules.request_rules(
+            scope["headers"],
+            scope.get("http_version", "1.1"),
+            self.upstream.authority,
+            client[0] if client else None,
+            scope.get("scheme", "http"),
+        )
+        if size > self.max_header_bytes:
             message = f"request headers exceed {self.max_header_bytes} bytes"
             await _refuse(send, 431, "request_header_fields_too_large", message, _CLOSE)
             return None
-        names = rules.lower_names(client_headers)  # once, for each rule below
-        problem = rules.request_problem(client_headers, scope.get("http_version", "1.1"), names)
         if problem is not None:
             await _refuse(send, 400, "bad_request", f"refused: {problem}", _CLOSE)
             return None
-        declared = rules.content_length(client_headers, names)
         if self.max_body is not None and declared is not None and declared > self.max_body:
             await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
             return None
-
-        client = scope.get("client")
-        upstream_headers = rules.request_headers(
-            client_headers,
-            authority=self.upstream.authority,
-            client=client[0] if client else None,
-            scheme=scope.get("scheme", "http"),
-            names=names,
-        )
         inject_trace_context(upstream_headers)
-        chunked = rules.chunked(client_headers, names)
         body = await self._body(chunked, declared, receive, upstream_headers)
         with map_exceptions:
             return self.pool.exchange(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -261,3 +263,81 @@ def test_rules_agree_with_a_header_at_a_time(
             headers, authority=b"up:1", client=client, scheme="http", names=names
         )
         assert out == _plain_request(headers, client)
+
+
+# `request_rules`: all of the proxy's request rules in one call, in two twins (Python, and
+# compiled: `sidecar/_heads.c`), the same answer for any header list.
+
+
+def _twins() -> list[object]:
+    try:
+        compiled = importlib.import_module("sidecar._heads").request_rules
+    except ImportError:
+        pytest.fail("the compiled twin is not built: `make install` builds it (needs gcc)")
+    return [rules._request_rules, compiled]
+
+
+def _outcome(twin: object, *args: object) -> object:
+    try:
+        return twin(*args)  # type: ignore[operator]
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+_ODD_VALUES = [b"+5", b"-3", b"1_0", b"\t7\t", b"\xff", b"close ,, te", b"chunked,", b"CHUNKED"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*_NAMES, b""]), st.sampled_from(_VALUES + _ODD_VALUES) | st.binary()
+        ),
+        max_size=8,
+    ),
+    st.sampled_from(["1.0", "1.1", "2", "0.9", "HTTP/2.0"]),
+    st.sampled_from([None, "", "10.0.0.1", "::1"]),
+    st.sampled_from(["http", "https"]),
+)
+def test_each_twin_of_request_rules_gives_the_rules_one_by_one(
+    headers: list[tuple[bytes, bytes]], version: str, client: str | None, scheme: str
+) -> None:
+    """Size, refusal, Content-Length, chunked and upstream headers: what each rule gives on
+    its own, from the Python twin and the compiled one alike."""
+    names = rules.lower_names(headers)
+    expected = (
+        rules.header_bytes(headers),
+        rules.request_problem(headers, version, names),
+        rules.content_length(headers, names),
+        rules.chunked(headers, names),
+        rules.request_headers(headers, authority=b"up:1", client=client, scheme=scheme),
+    )
+    for twin in _twins():
+        assert twin(headers, version, b"up:1", client, scheme) == expected
+
+
+@pytest.mark.parametrize(
+    ("headers", "version", "client"),
+    [
+        ([[b"host", b"a"], [b"x-a", b"1"]], "1.1", None),  # lists, not tuples
+        (((b"host", b"a"),), "1.1", "10.0.0.1"),  # a tuple of headers
+        ([(bytearray(b"Host"), b"a")], "1.1", None),
+        ([(b"host", memoryview(b"a"))], "1.1", None),
+        ([("host", b"a")], "1.1", None),  # str name
+        ([(b"host", b"a", b"extra")], "1.1", None),
+        ([(b"host",)], "1.1", None),
+        ([b"ab"], "1.1", None),
+        ([(b"host", b"a")], None, None),  # no version
+        ([(b"host", b"a")], "1.1", "caf\u00e9\u20ac"),  # a peer address latin-1 cannot spell
+    ],
+    ids=repr,
+)
+def test_headers_of_an_unusual_shape_get_the_same_answer_from_both_twins(
+    headers: object, version: object, client: object
+) -> None:
+    """What a server should never hand over (pairs as lists, bytes-likes, str, items of
+    the wrong length, no version, an odd peer): the compiled twin gives the Python twin's
+    answer or its error."""
+    python, compiled = _twins()
+    args = (headers, version, b"up:1", client, "http")
+    assert _outcome(compiled, *args) == _outcome(python, *args)
