@@ -4,7 +4,9 @@
  *   response head the traffic listener writes, by uvicorn's rules;
  * - `request_rules`: `sidecar/headers.py`'s `_request_rules`, what the proxy asks of a client
  *   request's headers (its size, a framing problem, its Content-Length, chunked or not, and
- *   the headers to send upstream).
+ *   the headers to send upstream);
+ * - `read_headers`: `sidecar/servers/uvicorn_internals/connection.py`'s `_read_headers`, a
+ *   request's headers as uvicorn reads them (names lower-cased, values right-stripped).
  *
  * Read each beside its Python twin, where the rules are written out. Each takes the usual
  * headers: a list or tuple of (bytes, bytes) tuples. Anything else — a name or value not
@@ -21,6 +23,7 @@ static PyObject *PYTHON_TWIN = NULL;  /* its `_response_head` */
 static PyObject *ZERO = NULL;
 /* sidecar.headers: `_request_rules`, `HOP_BY_HOP`, `_DROPPED` */
 static PyObject *RULES_TWIN = NULL, *HOP_BY_HOP = NULL, *DROPPED = NULL;
+static PyObject *READ_TWIN = NULL; /* uvicorn_internals.connection._read_headers */
 static PyObject *HOST, *ACCEPT_ENCODING, *IDENTITY, *X_FORWARDED_FOR, *X_FORWARDED_PROTO,
     *X_FORWARDED_HOST, *COMMA_SPACE, *VERSIONS[3];
 
@@ -488,6 +491,54 @@ fail:
     return NULL;
 }
 
+/* ---- read_headers -------------------------------------------------------------------- */
+
+/* read_headers(headers) -> expect 100-continue? The list is rewritten in place: each name
+ * lower-cased, each value without the blanks (space, tab) llhttp leaves at its end. */
+static PyObject *read_headers(PyObject *module, PyObject *headers) {
+    if (READ_TWIN == NULL) {
+        PyObject *twin = PyImport_ImportModule("sidecar.servers.uvicorn_internals.connection");
+        if (twin == NULL) return NULL;
+        READ_TWIN = PyObject_GetAttrString(twin, "_read_headers");
+        Py_DECREF(twin);
+        if (READ_TWIN == NULL) return NULL;
+    }
+    if (!PyList_CheckExact(headers) || PyList_GET_SIZE(headers) == 0)
+        return PyObject_CallOneArg(READ_TWIN, headers);
+    Py_ssize_t count = PyList_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
+            return PyObject_CallOneArg(READ_TWIN, headers);
+    }
+    int expect = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+        const char *v = PyBytes_AS_STRING(value);
+        Py_ssize_t size = PyBytes_GET_SIZE(value), end = size;
+        while (end > 0 && (v[end - 1] == ' ' || v[end - 1] == '\t')) end--;
+        PyObject *lower = lowered(name);
+        if (lower == NULL) return NULL;
+        int is_expect = bytes_equal(lower, "expect");
+        expect |= is_expect && lower_equals(v, end, "100-continue");
+        if (lower == name && end == size) { /* as read: the pair stays */
+            Py_DECREF(lower);
+            continue;
+        }
+        PyObject *stripped = end == size ? Py_NewRef(value) : PyBytes_FromStringAndSize(v, end);
+        PyObject *pair = stripped ? PyTuple_Pack(2, lower, stripped) : NULL;
+        Py_DECREF(lower);
+        Py_XDECREF(stripped);
+        if (pair == NULL) return NULL;
+        PyList_SET_ITEM(headers, i, pair); /* the list's old pair let go */
+        Py_DECREF(item);
+    }
+    return PyBool_FromLong(expect);
+}
+
 static PyMethodDef methods[] = {
     {"response_head", (PyCFunction)(void (*)(void))response_head, METH_FASTCALL,
      "response_head(status, headers, keep_alive, head_request): the compiled twin of "
@@ -495,6 +546,9 @@ static PyMethodDef methods[] = {
     {"request_rules", (PyCFunction)(void (*)(void))request_rules, METH_FASTCALL,
      "request_rules(headers, http_version, authority, client, scheme): the compiled twin of "
      "sidecar.headers._request_rules."},
+    {"read_headers", (PyCFunction)read_headers, METH_O,
+     "read_headers(headers): the compiled twin of "
+     "sidecar.servers.uvicorn_internals.connection._read_headers."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,8 +3,8 @@
 and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`,
 `middleware/telemetry/_gaps.c`) — behave alike, each checked here side by side; the rest of
 the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
-way). The response head's twins (`sidecar/_heads.c`) are held to uvicorn, each of them, in
-`test_response_head.py`."""
+way). The head rules' twins (`sidecar/_heads.c`) are held to uvicorn or to the rules one by
+one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
     """Without SIDESTREAM_NO_EXTENSIONS the compiled core is built and in use (a failed build
     would otherwise make both runs of the suite pure Python); with it, the Python one is."""
     from middleware.relay import Relay
+    from sidecar import headers
     from sidecar.servers import response_head
+    from sidecar.servers.uvicorn_internals import connection
     from sidecar.upstream.h1 import H1Connection
 
     if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
@@ -56,6 +58,8 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert H1Connection.__mro__[1] is h1core.H1Core
         assert gaps.sorted_gaps is gaps._sorted_gaps
         assert response_head.response_head is response_head._response_head
+        assert headers.request_rules is headers._request_rules
+        assert connection.read_headers is connection._read_headers
     else:
         built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps, compiled_heads)
         assert None not in built, "not built"
@@ -64,6 +68,8 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
         assert gaps.sorted_gaps is compiled_gaps.sorted_gaps
         assert response_head.response_head is compiled_heads.response_head
+        assert headers.request_rules is compiled_heads.request_rules
+        assert connection.read_headers is compiled_heads.read_headers
 
 
 def test_a_core_that_is_not_built_is_named_in_one_log_line(

@@ -29,9 +29,9 @@ from uvicorn.server import ServerState
 
 from sidecar.servers.uvicorn_internals.connection import (
     _addresses,
-    _read_headers,
     _request_parser,
     _serve,
+    read_headers,
 )
 from sidecar.servers.uvicorn_internals.cycle import RequestCycle
 from sidecar.servers.uvicorn_internals.events import Flow, Pipeline
@@ -192,7 +192,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
             self._refuse_connect()
             return
         if self.headers:
-            self.expect_100_continue = _read_headers(self.headers)
+            self.expect_100_continue = read_headers(self.headers)
         http_version = parser.get_http_version()
         scope["method"] = method.decode("ascii")
         if http_version != "1.1":
