@@ -4,7 +4,8 @@
  *   response head the traffic listener writes, by uvicorn's rules;
  * - `request_rules`: `sidecar/headers.py`'s `_request_rules`, what the proxy asks of a client
  *   request's headers (its size, a framing problem, its Content-Length, chunked or not, and
- *   the headers to send upstream);
+ *   the headers to send upstream), and `response_headers`, its `_response_headers` (the
+ *   upstream's response headers to send downstream);
  * - `read_headers`: `sidecar/servers/uvicorn_internals/connection.py`'s `_read_headers`, a
  *   request's headers as uvicorn reads them (names lower-cased, values right-stripped).
  *
@@ -23,6 +24,7 @@ static PyObject *PYTHON_TWIN = NULL;  /* its `_response_head` */
 static PyObject *ZERO = NULL;
 /* sidecar.headers: `_request_rules`, `HOP_BY_HOP`, `_DROPPED` */
 static PyObject *RULES_TWIN = NULL, *HOP_BY_HOP = NULL, *DROPPED = NULL;
+static PyObject *RESPONSE_TWIN = NULL; /* sidecar.headers._response_headers */
 static PyObject *READ_TWIN = NULL; /* uvicorn_internals.connection._read_headers */
 static PyObject *HOST, *ACCEPT_ENCODING, *IDENTITY, *X_FORWARDED_FOR, *X_FORWARDED_PROTO,
     *X_FORWARDED_HOST, *COMMA_SPACE, *VERSIONS[3];
@@ -207,10 +209,12 @@ static int load_rules(void) {
     HOP_BY_HOP = PyObject_GetAttrString(module, "HOP_BY_HOP");
     DROPPED = HOP_BY_HOP ? PyObject_GetAttrString(module, "_DROPPED") : NULL;
     RULES_TWIN = DROPPED ? PyObject_GetAttrString(module, "_request_rules") : NULL;
+    RESPONSE_TWIN = RULES_TWIN ? PyObject_GetAttrString(module, "_response_headers") : NULL;
     Py_DECREF(module);
-    if (RULES_TWIN == NULL) {
+    if (RESPONSE_TWIN == NULL) {
         Py_CLEAR(HOP_BY_HOP);
         Py_CLEAR(DROPPED);
+        Py_CLEAR(RULES_TWIN);
         return -1;
     }
     return 0;
@@ -491,6 +495,62 @@ fail:
     return NULL;
 }
 
+/* ---- response_headers ---------------------------------------------------------------- */
+
+/* response_headers(headers): the upstream's response headers to send downstream, as
+ * `strip_hop_by_hop` makes them: names lower-cased, hop-by-hop ones and those named in
+ * Connection dropped */
+static PyObject *response_headers(PyObject *module, PyObject *headers) {
+    if (load_rules() < 0) return NULL;
+    if (!(PyList_CheckExact(headers) || PyTuple_CheckExact(headers)))
+        return PyObject_CallOneArg(RESPONSE_TWIN, headers);
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(headers);
+    PyObject **items = PySequence_Fast_ITEMS(headers);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = items[i];
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
+            return PyObject_CallOneArg(RESPONSE_TWIN, headers);
+    }
+    PyObject *names = PyList_New(count), *hop = Py_NewRef(HOP_BY_HOP), *out = NULL;
+    if (names == NULL) goto done;
+    int connection = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *lower = lowered(PyTuple_GET_ITEM(items[i], 0));
+        if (lower == NULL) goto done;
+        PyList_SET_ITEM(names, i, lower);
+        connection |= bytes_equal(lower, "connection");
+    }
+    if (connection) { /* the names it lists are hop-by-hop too */
+        Py_SETREF(hop, PySet_New(HOP_BY_HOP));
+        if (hop == NULL) goto done;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (bytes_equal(PyList_GET_ITEM(names, i), "connection") &&
+                add_tokens(hop, PyTuple_GET_ITEM(items[i], 1)) < 0)
+                goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i), *item = items[i];
+        int dropped = PySet_Contains(hop, name);
+        if (dropped < 0) goto fail;
+        if (dropped) continue;
+        int appended = name == PyTuple_GET_ITEM(item, 0) /* lower-case already: the pair */
+                           ? PyList_Append(out, item)
+                           : append_pair(out, name, PyTuple_GET_ITEM(item, 1));
+        if (appended < 0) goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(names);
+    Py_XDECREF(hop);
+    return out;
+}
+
 /* ---- read_headers -------------------------------------------------------------------- */
 
 /* read_headers(headers) -> expect 100-continue? The list is rewritten in place: each name
@@ -546,6 +606,8 @@ static PyMethodDef methods[] = {
     {"request_rules", (PyCFunction)(void (*)(void))request_rules, METH_FASTCALL,
      "request_rules(headers, http_version, authority, client, scheme): the compiled twin of "
      "sidecar.headers._request_rules."},
+    {"response_headers", (PyCFunction)response_headers, METH_O,
+     "response_headers(headers): the compiled twin of sidecar.headers._response_headers."},
     {"read_headers", (PyCFunction)read_headers, METH_O,
      "read_headers(headers): the compiled twin of "
      "sidecar.servers.uvicorn_internals.connection._read_headers."},

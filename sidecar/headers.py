@@ -244,13 +244,19 @@ request_rules: Callable[[Pairs, str, bytes, str | None, str], RequestRules] = (
 )
 
 
-def response_headers(headers: Pairs) -> Headers:
+def _response_headers(headers: Pairs) -> Headers:
     """The upstream's response headers to send downstream: lower-cased, hop-by-hop dropped.
 
     `Content-Length` stays (a non-streaming body is relayed byte-identical); StreamGuard
-    drops it for streaming responses.
+    drops it for streaming responses. The Python twin of `sidecar/_heads.c`'s
+    `response_headers`, picked below where it was built.
     """
     return strip_hop_by_hop(headers)
+
+
+response_headers: Callable[[Pairs], Headers] = (
+    _response_headers if heads is None else heads.response_headers
+)
 
 
 def origin_form(target: bytes) -> bytes:

@@ -59,6 +59,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert gaps.sorted_gaps is gaps._sorted_gaps
         assert response_head.response_head is response_head._response_head
         assert headers.request_rules is headers._request_rules
+        assert headers.response_headers is headers._response_headers
         assert connection.read_headers is connection._read_headers
     else:
         built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps, compiled_heads)
@@ -69,6 +70,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert gaps.sorted_gaps is compiled_gaps.sorted_gaps
         assert response_head.response_head is compiled_heads.response_head
         assert headers.request_rules is compiled_heads.request_rules
+        assert headers.response_headers is compiled_heads.response_headers
         assert connection.read_headers is compiled_heads.read_headers
 
 

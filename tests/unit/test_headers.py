@@ -269,12 +269,12 @@ def test_rules_agree_with_a_header_at_a_time(
 # compiled: `sidecar/_heads.c`), the same answer for any header list.
 
 
-def _twins() -> list[object]:
+def _twins(name: str = "request_rules") -> list[object]:
     try:
-        compiled = importlib.import_module("sidecar._heads").request_rules
+        compiled = getattr(importlib.import_module("sidecar._heads"), name)
     except ImportError:
         pytest.fail("the compiled twin is not built: `make install` builds it (needs gcc)")
-    return [rules._request_rules, compiled]
+    return [getattr(rules, "_" + name), compiled]
 
 
 def _outcome(twin: object, *args: object) -> object:
@@ -341,3 +341,41 @@ def test_headers_of_an_unusual_shape_get_the_same_answer_from_both_twins(
     python, compiled = _twins()
     args = (headers, version, b"up:1", client, "http")
     assert _outcome(compiled, *args) == _outcome(python, *args)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*_NAMES, b"", b"Keep-Alive", b"UPGRADE"]),
+            st.sampled_from(_VALUES + _ODD_VALUES) | st.binary(),
+        ),
+        max_size=8,
+    )
+)
+def test_each_twin_of_response_headers_is_the_plain_reading(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    """The upstream's headers for downstream, from either twin: every name lower-cased,
+    the hop-by-hop ones and those any Connection header names dropped, the rest in order."""
+    for twin in _twins("response_headers"):
+        assert twin(headers) == _plain_strip(headers)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [[b"Content-Type", b"a"]],
+        ((b"X-A", b"1"), (b"connection", b"x-a")),
+        [(bytearray(b"X-A"), b"1")],
+        [("x-a", b"1")],
+        [(b"x-a", b"1", b"2")],
+        [b"ab"],
+    ],
+    ids=repr,
+)
+def test_odd_response_headers_get_the_same_answer_from_both_twins(headers: object) -> None:
+    """Pairs as lists, a tuple of pairs, bytes-likes, str, odd items: the compiled twin gives
+    the Python twin's answer or its error."""
+    python, compiled = _twins("response_headers")
+    assert _outcome(compiled, headers) == _outcome(python, headers)

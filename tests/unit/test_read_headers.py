@@ -10,6 +10,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import httptools
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -65,3 +66,26 @@ def test_an_unusual_list_gets_the_python_twins_reading() -> None:
         == (python(a), a)
         == (True, [(b"host", b"a"), (b"expect", b"100-continue")])
     )
+
+
+_TARGET_BYTES = st.sampled_from(list(b"/?#%:@!$&'()*+,;=-._~aZ09 \t\x00\x7f\x80\xff\"<>[]{}|\\^`"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.binary(max_size=3).map(lambda b: b"/" + b) | st.lists(_TARGET_BYTES, max_size=12).map(bytes)
+)
+@example(b"/v1/chat/completions")
+@example(b"/a?b=1#c")
+@example(b"http://other.example/x?y")
+@example(b"*")
+def test_a_target_is_read_as_httptools_parse_url_reads_it(url: bytes) -> None:
+    """Path and query string as uvicorn takes them from `httptools.parse_url` (b"" for no
+    query), or `parse_url`'s own error for a target it refuses."""
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        with pytest.raises(httptools.HttpParserInvalidURLError):
+            connection.target(url)
+        return
+    assert connection.target(url) == (parsed.path, parsed.query or b"")

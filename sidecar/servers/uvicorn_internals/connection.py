@@ -1,11 +1,12 @@
 """What the protocol sets and makes as uvicorn does, in fewer steps: a server's fields that
 its connections share (`_serve`), a connection's addresses, a request parser, a request's
-headers (`read_headers`, with a compiled twin).
+target (`target`) and headers (`read_headers`, with a compiled twin).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from itertools import repeat
 from typing import Any, Protocol
@@ -53,6 +54,21 @@ def _read_headers(headers: list[tuple[bytes, bytes]]) -> bool:
     return b"expect" in names and (b"expect", b"100-continue") in (
         (name, value.lower()) for name, value in headers
     )
+
+
+# A request target that is a path alone, in the characters RFC 3986 allows in one (no query,
+# no fragment): what most requests to an LLM server send.
+_PATH_ALONE = re.compile(rb"/[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*")
+
+
+def target(url: bytes) -> tuple[bytes, bytes]:
+    """The raw path and query string (b"" for none) of a request target, as uvicorn reads
+    them with `httptools.parse_url`: a path alone is its own path, without the URL object
+    `parse_url` makes (on the path to the first token); any other target goes to it."""
+    if _PATH_ALONE.fullmatch(url):
+        return url, b""
+    parsed = httptools.parse_url(url)
+    return parsed.path, parsed.query or b""
 
 
 # The compiled twin where it was built (`sidecar/_heads.c`): on the path to each stream's

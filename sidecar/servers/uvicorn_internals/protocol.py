@@ -32,6 +32,7 @@ from sidecar.servers.uvicorn_internals.connection import (
     _request_parser,
     _serve,
     read_headers,
+    target,
 )
 from sidecar.servers.uvicorn_internals.cycle import RequestCycle
 from sidecar.servers.uvicorn_internals.events import Flow, Pipeline
@@ -199,8 +200,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
             scope["http_version"] = http_version
         if parser.should_upgrade() and self._should_upgrade():
             return  # an upgrade: no request task is made for this head
-        url = httptools.parse_url(self.url)
-        raw_path = url.path
+        raw_path, query = target(self.url)
         path = raw_path.decode("ascii")
         if "%" in path:
             path = unquote(path)
@@ -209,7 +209,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
             raw_path = self.root_path.encode("ascii") + raw_path
         scope["path"] = path
         scope["raw_path"] = raw_path
-        scope["query_string"] = url.query or b""
+        scope["query_string"] = query
         app = self.app
         limit = self.limit_concurrency
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
