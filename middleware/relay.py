@@ -19,7 +19,7 @@ from middleware.phases import Phase, step
 from middleware.receiver import Receiver
 from middleware.relaycore import Edit
 from middleware.speedups import RelayCore
-from middleware.sse import LineState
+from middleware.sse import LineState, message_event
 from middleware.types import Message, Send, SendNowait
 
 BOM = b"\xef\xbb\xbf"
@@ -141,9 +141,9 @@ class Relay(RelayCore):
         scanner = self.scanner
         assert scanner is not None
         dialect = self.dialect
-        events = scanner.whole_events(body)
-        if events is None:
-            events = scanner.feed(body)
+        parts = scanner.whole_data(body)
+        # Made one at a time: the scan stops at the first token, and makes no event after it.
+        events = scanner.feed(body) if parts is None else map(message_event, parts)
         for event in events:
             if dialect is None:
                 dialect = self.dialect = sniff(event)

@@ -47,6 +47,11 @@ class Event:
     retry: int | None  # this event's `retry:` field if it was all ASCII digits, else None
 
 
+def message_event(data: bytes) -> Event:
+    """The event of one whole one-line `data: ` field (`SSEScanner.whole_data`)."""
+    return Event("message", data.decode("utf-8", "replace"), None, None)
+
+
 class LineState(IntEnum):
     """Where the byte stream stands, for writing extra lines into it safely."""
 
@@ -179,6 +184,12 @@ class SSEScanner:
         """The events of `chunk` when it is whole one-line `data: ` events arriving at an event
         boundary with nothing carried (the usual LLM chunk), taken without the line-by-line
         scan, exactly as `feed` would take them; else None, and nothing is fed (call `feed`)."""
+        parts = self.whole_data(chunk)
+        return None if parts is None else list(map(message_event, parts))
+
+    def whole_data(self, chunk: bytes) -> list[bytes] | None:
+        """`whole_events`' events as their data, undecoded: for a reader that may stop at
+        the first event it wants (the first-token scan), and make no event after it."""
         if (
             self._state is not _E
             or self._parts
@@ -198,7 +209,7 @@ class SSEScanner:
         if chunk.count(LF) != 2 * len(parts):  # a line of another field, a multi-line data
             return None
         self._start = False  # a BOM later in the stream is data, as in `feed`
-        return [Event("message", part.decode("utf-8", "replace"), None, None) for part in parts]
+        return parts
 
     def _truncate(self) -> None:
         """Cut the carried line to max_line bytes and drop the rest of it as it arrives."""

@@ -120,7 +120,12 @@ def chunked(headers: Pairs, names: list[bytes] | None = None) -> bool:
     """True when the message's final transfer coding is `chunked`."""
     if names is None:
         names = lower_names(headers)
-    return b"transfer-encoding" in names and _codings(headers, names)[-1] == b"chunked"
+    if b"transfer-encoding" not in names:
+        return False
+    # The final coding is the last one of the last Transfer-Encoding header (`_codings`'
+    # last): found without listing them all, as the upstream's response head asks this.
+    last = len(names) - 1 - names[::-1].index(b"transfer-encoding")
+    return headers[last][1].rpartition(b",")[2].strip().lower() == b"chunked"
 
 
 def content_length(headers: Pairs, names: list[bytes] | None = None) -> int | None:
