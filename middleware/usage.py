@@ -26,8 +26,8 @@ Deliberate choices (do not "fix" these):
 from __future__ import annotations
 
 import json
+import json.scanner
 import re
-from operator import itemgetter
 from typing import Any
 
 from middleware.dialects import json_object, select
@@ -51,8 +51,24 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 # One decoder: `json.loads` with a hook makes a decoder per call, a reference cycle that
-# waits for the cyclic collector.
+# waits for the cyclic collector. Its scanner is called as `JSONDecoder.decode` calls it,
+# without decode's two Python frames and two regex matches (on the path to the first token).
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+_SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]  # typeshed names the class
+_BLANKS = " \t\n\r"  # JSON's whitespace
+
+
+def _decode(text: str) -> Any:
+    """`_DECODER.decode(text)`: one JSON value, whitespace around it, ValueError otherwise."""
+    start = len(text) - len(text.lstrip(_BLANKS))
+    try:
+        obj, end = _SCAN(text, start)
+    except StopIteration:
+        raise ValueError("no JSON value") from None
+    if text[end:].strip(_BLANKS):
+        raise ValueError("data after the JSON value")
+    return obj
+
 
 # What each mode asks for (`force`, `continuous`), and that as the field inserted in a body.
 _ASKED: tuple[dict[str, bool], ...] = (
@@ -70,7 +86,7 @@ def rewrite(body: bytes, mode: str) -> bytes | None:
     if len(body) > BODY_LIMIT:
         return None
     try:
-        obj = _DECODER.decode(body.decode("utf-8"))
+        obj = _decode(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or obj.get("stream") is not True:
@@ -91,16 +107,12 @@ def _with_length(scope: Scope, length: int) -> None:
     server's list, where it is one (a copy would keep both for as long as the stream runs:
     the server holds on to its own)."""
     headers = scope.get("headers") or []
-    names = list(map(itemgetter(0), headers))
-    if b"content-length" not in names:
-        return
-    value = str(length).encode()
+    value = b"%d" % length
     if isinstance(headers, list):
-        at = -1
-        for _ in range(names.count(b"content-length")):
-            at = names.index(b"content-length", at + 1)
-            headers[at] = (b"content-length", value)
-    else:
+        for at, (name, _) in enumerate(headers):
+            if name == b"content-length":
+                headers[at] = (b"content-length", value)
+    elif any(name == b"content-length" for name, _ in headers):
         scope["headers"] = [
             (name, value if name == b"content-length" else old) for name, old in headers
         ]

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from middleware import usage
 from middleware.usage import BODY_LIMIT, HideUsage, rewrite
 
 ASKED = b'"stream_options":{"include_usage":true}'
@@ -139,3 +142,47 @@ def test_cached_and_reasoning_token_counts_are_read_from_the_usage_details() -> 
         dialect.observe(event, stats)
     assert (stats.input_tokens, stats.output_tokens) == (30, 12)
     assert (stats.cache_read_tokens, stats.reasoning_tokens) == (16, 7)
+
+
+_JSONISH = st.lists(
+    st.sampled_from(
+        [
+            "{",
+            "}",
+            "[",
+            "]",
+            '"a"',
+            '"s"',
+            ":",
+            ",",
+            "1",
+            "true",
+            "null",
+            " ",
+            "\n",
+            "\t",
+            "x",
+            "\u00e9",
+        ]
+    ),
+    max_size=14,
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_JSONISH | st.text(max_size=12))
+@example(' {"a":1} ')
+@example('{"a":1,"a":2}')
+@example("1 2")
+@example("")
+def test_the_body_is_decoded_as_the_json_decoder_decodes_it(text: str) -> None:
+    """One JSON value with whitespace around it, no duplicate key: what
+    `JSONDecoder.decode` (with the no-duplicates hook) accepts, the same value; what it
+    refuses, refused (ValueError) too."""
+    try:
+        expected = usage._DECODER.decode(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            usage._decode(text)
+        return
+    assert usage._decode(text) == expected
