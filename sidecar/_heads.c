@@ -198,7 +198,6 @@ fail:
     return NULL;
 }
 
-
 /* ---- request_rules ------------------------------------------------------------------- */
 
 /* sidecar.headers, at the first request (it imports this module while it loads) */
@@ -285,6 +284,33 @@ static int add_tokens(PyObject *tokens, PyObject *value) {
     return 0;
 }
 
+/* The usual headers: a list or tuple of (bytes, bytes) tuples. Anything else goes to the
+ * Python twin. */
+static int usual_pairs(PyObject *headers) {
+    if (!(PyList_CheckExact(headers) || PyTuple_CheckExact(headers))) return 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(headers);
+    PyObject **items = PySequence_Fast_ITEMS(headers);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = items[i];
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
+            return 0;
+    }
+    return 1;
+}
+
+/* `_hop_by_hop`: the nine, and the names every Connection header lists (a new reference) */
+static PyObject *hop_by_hop(PyObject **items, PyObject *names, Py_ssize_t count, int connection) {
+    if (!connection) return Py_NewRef(HOP_BY_HOP);
+    PyObject *hop = PySet_New(HOP_BY_HOP);
+    for (Py_ssize_t i = 0; hop != NULL && i < count; i++)
+        if (bytes_equal(PyList_GET_ITEM(names, i), "connection") &&
+            add_tokens(hop, PyTuple_GET_ITEM(items[i], 1)) < 0)
+            Py_CLEAR(hop);
+    return hop;
+}
+
 static int append_pair(PyObject *list, PyObject *name, PyObject *value) {
     PyObject *pair = PyTuple_Pack(2, name, value);
     if (pair == NULL) return -1;
@@ -363,18 +389,12 @@ static PyObject *problem_of(Seen *seen, PyObject **items, PyObject *version) {
 /* The headers to send upstream: `request_headers` */
 static PyObject *upstream_headers(Seen *seen, PyObject **items, PyObject *names, Py_ssize_t count,
                                   PyObject *authority, PyObject *client, PyObject *scheme) {
-    PyObject *hop = Py_NewRef(HOP_BY_HOP), *drop = Py_NewRef(DROPPED), *out = NULL;
-    PyObject *prior = NULL, *xff = NULL, *proto = NULL;
-    if (seen->connection) { /* hop-by-hop names it lists too */
-        Py_SETREF(hop, PySet_New(HOP_BY_HOP));
-        if (hop == NULL) goto done;
-        for (Py_ssize_t i = 0; i < count; i++)
-            if (bytes_equal(PyList_GET_ITEM(names, i), "connection") &&
-                add_tokens(hop, PyTuple_GET_ITEM(items[i], 1)) < 0)
-                goto done;
-        Py_SETREF(drop, PyNumber_Or(hop, DROPPED));
-        if (drop == NULL) goto done;
-    }
+    PyObject *hop = hop_by_hop(items, names, count, seen->connection), *out = NULL;
+    PyObject *drop = NULL, *prior = NULL, *xff = NULL, *proto = NULL;
+    if (hop == NULL) return NULL;
+    /* with the headers the proxy sets itself: `_DROPPED` when Connection lists nothing */
+    drop = seen->connection ? PyNumber_Or(hop, DROPPED) : Py_NewRef(DROPPED);
+    if (drop == NULL) goto done;
     out = PyList_New(0);
     if (out == NULL || append_pair(out, HOST, authority) < 0) goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -422,19 +442,11 @@ static PyObject *request_rules(PyObject *module, PyObject *const *args, Py_ssize
     }
     if (load_rules() < 0) return NULL;
     PyObject *headers = args[0], *version = args[1], *scheme = args[4];
-    if (!(PyList_CheckExact(headers) || PyTuple_CheckExact(headers)) ||
-        !PyUnicode_CheckExact(version) || !PyUnicode_CheckExact(scheme) ||
-        !(args[3] == Py_None || PyUnicode_CheckExact(args[3])))
+    if (!usual_pairs(headers) || !PyUnicode_CheckExact(version) ||
+        !PyUnicode_CheckExact(scheme) || !(args[3] == Py_None || PyUnicode_CheckExact(args[3])))
         return PyObject_Vectorcall(RULES_TWIN, args, nargs, NULL);
     Py_ssize_t count = PySequence_Fast_GET_SIZE(headers);
     PyObject **items = PySequence_Fast_ITEMS(headers);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = items[i];
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
-            return PyObject_Vectorcall(RULES_TWIN, args, nargs, NULL);
-    }
     PyObject *names = PyList_New(count), *problem = NULL, *declared = NULL, *upstream = NULL;
     if (names == NULL) return NULL;
     Seen seen = {0};
@@ -502,18 +514,10 @@ fail:
  * Connection dropped */
 static PyObject *response_headers(PyObject *module, PyObject *headers) {
     if (load_rules() < 0) return NULL;
-    if (!(PyList_CheckExact(headers) || PyTuple_CheckExact(headers)))
-        return PyObject_CallOneArg(RESPONSE_TWIN, headers);
+    if (!usual_pairs(headers)) return PyObject_CallOneArg(RESPONSE_TWIN, headers);
     Py_ssize_t count = PySequence_Fast_GET_SIZE(headers);
     PyObject **items = PySequence_Fast_ITEMS(headers);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = items[i];
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
-            return PyObject_CallOneArg(RESPONSE_TWIN, headers);
-    }
-    PyObject *names = PyList_New(count), *hop = Py_NewRef(HOP_BY_HOP), *out = NULL;
+    PyObject *names = PyList_New(count), *hop = NULL, *out = NULL;
     if (names == NULL) goto done;
     int connection = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -522,14 +526,8 @@ static PyObject *response_headers(PyObject *module, PyObject *headers) {
         PyList_SET_ITEM(names, i, lower);
         connection |= bytes_equal(lower, "connection");
     }
-    if (connection) { /* the names it lists are hop-by-hop too */
-        Py_SETREF(hop, PySet_New(HOP_BY_HOP));
-        if (hop == NULL) goto done;
-        for (Py_ssize_t i = 0; i < count; i++)
-            if (bytes_equal(PyList_GET_ITEM(names, i), "connection") &&
-                add_tokens(hop, PyTuple_GET_ITEM(items[i], 1)) < 0)
-                goto done;
-    }
+    hop = hop_by_hop(items, names, count, connection);
+    if (hop == NULL) goto done;
     out = PyList_New(0);
     if (out == NULL) goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -563,16 +561,9 @@ static PyObject *read_headers(PyObject *module, PyObject *headers) {
         Py_DECREF(twin);
         if (READ_TWIN == NULL) return NULL;
     }
-    if (!PyList_CheckExact(headers) || PyList_GET_SIZE(headers) == 0)
+    if (!PyList_CheckExact(headers) || PyList_GET_SIZE(headers) == 0 || !usual_pairs(headers))
         return PyObject_CallOneArg(READ_TWIN, headers);
     Py_ssize_t count = PyList_GET_SIZE(headers);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(headers, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1)))
-            return PyObject_CallOneArg(READ_TWIN, headers);
-    }
     int expect = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PyList_GET_ITEM(headers, i);
