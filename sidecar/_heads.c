@@ -230,9 +230,12 @@ static PyObject *lowered(PyObject *name) {
     Py_ssize_t size = PyBytes_GET_SIZE(name), i = 0;
     while (i < size && !Py_ISUPPER((unsigned char)n[i])) i++;
     if (i == size) return Py_NewRef(name);
-    PyObject *lower = PyBytes_FromStringAndSize(n, size);
+    /* a fresh object, written here: given the bytes, CPython hands back its shared
+     * one-byte object, which lower-casing in place would change for the whole process */
+    PyObject *lower = PyBytes_FromStringAndSize(NULL, size);
     if (lower == NULL) return NULL;
     char *out = PyBytes_AS_STRING(lower);
+    memcpy(out, n, i);
     for (; i < size; i++) out[i] = (char)Py_TOLOWER((unsigned char)n[i]);
     return lower;
 }
@@ -271,10 +274,10 @@ static int add_tokens(PyObject *tokens, PyObject *value) {
         while (a < b && is_space((unsigned char)v[a])) a++;
         while (b > a && is_space((unsigned char)v[b - 1])) b--;
         if (b > a) {
-            PyObject *token = PyBytes_FromStringAndSize(v + a, b - a);
+            PyObject *token = PyBytes_FromStringAndSize(NULL, b - a); /* fresh: see lowered */
             if (token == NULL) return -1;
             char *t = PyBytes_AS_STRING(token);
-            for (Py_ssize_t i = 0; i < b - a; i++) t[i] = (char)Py_TOLOWER((unsigned char)t[i]);
+            for (Py_ssize_t i = 0; i < b - a; i++) t[i] = (char)Py_TOLOWER((unsigned char)v[a + i]);
             int added = PySet_Add(tokens, token);
             Py_DECREF(token);
             if (added < 0) return -1;

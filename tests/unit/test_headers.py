@@ -379,3 +379,29 @@ def test_odd_response_headers_get_the_same_answer_from_both_twins(headers: objec
     the Python twin's answer or its error."""
     python, compiled = _twins("response_headers")
     assert _outcome(compiled, headers) == _outcome(python, headers)
+
+
+def test_no_twin_changes_the_bytes_it_is_given() -> None:
+    """Bytes are immutable: a twin that lower-cases makes a new object. CPython shares one
+    object per single byte (`b"XQ"[1:2] is b"YQ"[1:2]`), so lower-casing a one-byte name or
+    Connection token in place would change that byte for the whole process (it did: a
+    `data: [DONE]` cut before its `D` went out as `[dONE]`)."""
+    from sidecar.servers import response_head
+    from sidecar.servers.uvicorn_internals import connection
+
+    heads = importlib.import_module("sidecar._heads")
+    calls = [
+        (rules._request_rules, heads.request_rules, ("1.1", b"up:1", "10.0.0.1", "http")),
+        (rules._response_headers, heads.response_headers, ()),
+        (connection._read_headers, heads.read_headers, ()),
+    ]
+    for python, compiled, rest in calls:
+        for twin in (python, compiled):
+            name, token = b"-Q"[1:2], b"-K"[1:2]  # the shared one-byte objects
+            headers = [(name, b"1"), (b"Connection", token), (token, b"v")]
+            twin(headers, *rest)
+            assert (b"-Q"[1:2][0], b"-K"[1:2][0]) == (ord("Q"), ord("K")), twin
+    head_twins = (response_head._response_head, heads.response_head)
+    for twin in head_twins:
+        twin(200, [(b"-Q"[1:2], b"1"), (b"Connection", b"-K"[1:2])], True, False)
+        assert (b"-Q"[1:2][0], b"-K"[1:2][0]) == (ord("Q"), ord("K")), twin
