@@ -40,15 +40,17 @@ static int slice_is(const char *b, Py_ssize_t n, Py_ssize_t i, Py_ssize_t j, PyO
     return len == PyBytes_GET_SIZE(bytes) && memcmp(b + at, PyBytes_AS_STRING(bytes), len) == 0;
 }
 
-/* `s.count(needle)`: occurrences that do not overlap, as bytes.count counts them */
+/* `s.count(needle)`: occurrences that do not overlap, as bytes.count counts them. `memchr`
+ * skips to each place the needle's first byte is: no other place can start it. */
 static Py_ssize_t count(const char *s, Py_ssize_t n, const char *needle, Py_ssize_t m) {
     Py_ssize_t found = 0;
-    for (Py_ssize_t i = 0; i + m <= n;) {
-        if (memcmp(s + i, needle, m) == 0) {
+    const char *at = s, *end = s + n;
+    while (end - at >= m && (at = memchr(at, needle[0], (size_t)(end - at - m + 1))) != NULL) {
+        if (memcmp(at, needle, m) == 0) {
             found++;
-            i += m;
+            at += m;
         } else {
-            i++;
+            at++;
         }
     }
     return found;

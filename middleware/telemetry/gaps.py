@@ -106,12 +106,12 @@ class Gaps:
         if last is None:
             self.first = times[0]
         gaps = sorted_gaps(times, last)
-        self.last = times[-1]
+        first, self.last = times[0] if last is None else last, times[-1]
         del times[:]
         if not gaps:
             return
         self.count += len(gaps)
-        self.total += sum(gaps)
+        self.total += self.last - first  # the gaps' sum, as consecutive differences add up
         self.max = max(self.max, gaps[-1])
         self._bucket(gaps)
 
