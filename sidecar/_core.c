@@ -14,11 +14,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <errno.h>
+#include <sys/uio.h>
 
 static PyObject *PARSE_ERRORS = NULL; /* h1core.PARSE_ERRORS */
 static PyObject *EMPTY, *str_join, *str_abort, *str_feed_failed, *str_after_feed, *str_feed_data;
 static PyObject *str_flow, *str_write_paused, *str_disconnected, *str_response_complete,
-    *str_chunked_encoding, *str_transport, *str_write;
+    *str_chunked_encoding, *str_transport, *str_write, *str_is_closing, *str_held;
 
 /* -- H1Core ------------------------------------------------------------------------------ */
 
@@ -269,6 +271,8 @@ typedef struct {
     PyObject *cycle;
     PyObject *flow;  /* cycle.flow: the connection's, for the cycle's life */
     PyObject *write; /* cycle.transport.write: likewise */
+    PyObject *is_closing, *held; /* its is_closing, get_write_buffer_size: with fd only */
+    int fd; /* the socket, to write past the transport (uvloop_internals.direct_fd), or -1 */
     vectorcallfunc vectorcall;
     /* Where the four fields read per chunk sit in `flow` and `cycle` (see `slot_of`) */
     Py_ssize_t write_paused, disconnected, response_complete, chunked_encoding;
@@ -320,6 +324,32 @@ static int hex_line(char *out, size_t n) {
     return len + 2;
 }
 
+/* 1 when `method()` returns something false, 0 when true, -1 on error */
+static int called_false(PyObject *method) {
+    PyObject *r = PyObject_CallNoArgs(method);
+    if (r == NULL) return -1;
+    int yes = r == Py_False || r == Py_None ? 0 : r == Py_True ? 1 : PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return yes < 0 ? -1 : !yes;
+}
+
+/* `(head + body + b"\r\n")[skip:]` as new bytes */
+static PyObject *framed_rest(const char *head, int head_len, PyObject *body, Py_ssize_t skip) {
+    Py_ssize_t n = PyBytes_GET_SIZE(body), size = head_len + n + 2 - skip;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    const char *parts[3] = {head, PyBytes_AS_STRING(body), "\r\n"};
+    Py_ssize_t sizes[3] = {head_len, n, 2};
+    for (int i = 0; i < 3; i++) {
+        Py_ssize_t from = skip < sizes[i] ? skip : sizes[i];
+        memcpy(p, parts[i] + from, sizes[i] - from);
+        p += sizes[i] - from;
+        skip -= from;
+    }
+    return out;
+}
+
 /* def send_nowait(body: bytes) -> bool */
 static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
@@ -340,16 +370,32 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
     }
     if (no < 0) return NULL;
     if (no) Py_RETURN_FALSE;
-    /* cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body)) */
-    Py_ssize_t n = PyBytes_GET_SIZE(body);
+    /* framed = b"%x\r\n%b\r\n" % (len(body), body): written from its three parts */
+    Py_ssize_t n = PyBytes_GET_SIZE(body), sent = 0;
     char head[24];
     int head_len = hex_line(head, (size_t)n);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, head_len + n + 2);
+    /* if fd is not None and not transport.is_closing() and not transport.get_write_buffer_size():
+     * (the two bound methods got once, with the writer) */
+    if (self->fd >= 0) {
+        int past = called_false(self->is_closing);
+        if (past > 0) past = called_false(self->held);
+        if (past < 0) return NULL;
+        if (past) {
+            /* try: sent = os.write(fd, framed)
+             * except OSError: sent = 0 */
+            struct iovec parts[3] = {
+                {head, (size_t)head_len}, {PyBytes_AS_STRING(body), (size_t)n}, {"\r\n", 2}};
+            do sent = writev(self->fd, parts, 3);
+            while (sent < 0 && errno == EINTR);
+            if (sent < 0) sent = 0;
+            /* if sent == len(framed): return True */
+            if (sent == head_len + n + 2) Py_RETURN_TRUE;
+            /* framed = framed[sent:] */
+        }
+    }
+    /* write(framed) */
+    PyObject *out = framed_rest(head, head_len, body, sent);
     if (out == NULL) return NULL;
-    char *p = PyBytes_AS_STRING(out);
-    memcpy(p, head, head_len);
-    memcpy(p + head_len, PyBytes_AS_STRING(body), n);
-    memcpy(p + head_len + n, "\r\n", 2);
     PyObject *r = PyObject_CallOneArg(self->write, out);
     Py_DECREF(out);
     if (r == NULL) return NULL;
@@ -360,21 +406,33 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
 
 static PyObject *ChunkWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *cycle;
-    if (!PyArg_ParseTuple(args, "O:ChunkWriter", &cycle)) return NULL;
+    int fd = -1;
+    if (!PyArg_ParseTuple(args, "O|i:ChunkWriter", &cycle, &fd)) return NULL;
     PyObject *flow = PyObject_GetAttr(cycle, str_flow);
     if (flow == NULL) return NULL;
-    PyObject *transport = PyObject_GetAttr(cycle, str_transport);
+    PyObject *transport = PyObject_GetAttr(cycle, str_transport), *is_closing = NULL,
+             *held = NULL;
     PyObject *write = transport == NULL ? NULL : PyObject_GetAttr(transport, str_write);
+    if (write != NULL && fd >= 0) {
+        is_closing = PyObject_GetAttr(transport, str_is_closing);
+        held = is_closing == NULL ? NULL : PyObject_GetAttr(transport, str_held);
+        if (held == NULL) Py_CLEAR(write);
+    }
     Py_XDECREF(transport);
     ChunkWriter *self = write == NULL ? NULL : (ChunkWriter *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(flow);
         Py_XDECREF(write);
+        Py_XDECREF(is_closing);
+        Py_XDECREF(held);
         return NULL;
     }
     self->cycle = Py_NewRef(cycle);
     self->flow = flow;
     self->write = write;
+    self->is_closing = is_closing;
+    self->held = held;
+    self->fd = fd;
     self->vectorcall = (vectorcallfunc)ChunkWriter_call;
     self->write_paused = slot_of(flow, str_write_paused);
     self->disconnected = slot_of(cycle, str_disconnected);
@@ -388,6 +446,8 @@ static int ChunkWriter_traverse(ChunkWriter *self, visitproc visit, void *arg) {
     Py_VISIT(self->cycle);
     Py_VISIT(self->flow);
     Py_VISIT(self->write);
+    Py_VISIT(self->is_closing);
+    Py_VISIT(self->held);
     return 0;
 }
 
@@ -395,6 +455,8 @@ static int ChunkWriter_clear(ChunkWriter *self) {
     Py_CLEAR(self->cycle);
     Py_CLEAR(self->flow);
     Py_CLEAR(self->write);
+    Py_CLEAR(self->is_closing);
+    Py_CLEAR(self->held);
     return 0;
 }
 
@@ -452,7 +514,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         {&str_flow, "flow"}, {&str_write_paused, "write_paused"},
         {&str_disconnected, "disconnected"}, {&str_response_complete, "response_complete"},
         {&str_chunked_encoding, "chunked_encoding"}, {&str_transport, "transport"},
-        {&str_write, "write"}, {&str_join, "join"},
+        {&str_write, "write"}, {&str_is_closing, "is_closing"},
+        {&str_held, "get_write_buffer_size"}, {&str_join, "join"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].name = PyUnicode_InternFromString(names[i].text);

@@ -1,5 +1,6 @@
 """The gates in front of each dependency's private internals (`sidecar.servers.uvicorn_internals`,
-`sidecar.servers.hypercorn_internals`, `sidecar.upstream.httpcore_internals`).
+`sidecar.servers.uvloop_internals`, `sidecar.servers.hypercorn_internals`,
+`sidecar.upstream.httpcore_internals`).
 
 Each gate is checked both ways: the installed release is one the internals were checked
 against (so an upgrade that moves them shows up here, not in production), and when the gate
@@ -15,7 +16,7 @@ import logging
 import re
 import tomllib
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,14 @@ import httpcore
 import httpx
 import pytest
 import uvicorn
+import uvloop
 
 from middleware.registry import StreamRegistry
 from middleware.types import SEND_NOWAIT, Receive, Scope, Send
 from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.servers import hypercorn_internals, uvicorn_internals
+from sidecar.servers import hypercorn_internals, uvicorn_internals, uvloop_internals
 from sidecar.servers.hypercorn_listener import HypercornListener
 from sidecar.servers.uvicorn_listener import traffic_protocol, traffic_server, use_internals
 from sidecar.upstream import httpcore_internals
@@ -252,6 +254,108 @@ async def test_pipelined_requests_are_answered_in_order_by_the_sidecars_protocol
             response = await asyncio.wait_for(read_response(reader, writer), 5)
             bodies.append(await response.body())
     assert bodies == [b"/0", b"/1", b"/2"]
+
+
+# --- uvloop --------------------------------------------------------------------------------
+
+
+def test_the_installed_uvloop_is_a_checked_release() -> None:
+    """The gate says yes for the uvloop installed here and no for releases nobody checked."""
+    assert uvloop_internals.checked(), uvloop_internals.installed()
+    assert not uvloop_internals.checked("0.22.1") and not uvloop_internals.checked("99.0.0")
+
+
+@contextlib.contextmanager
+def uvloop_gate(open_: bool) -> Iterator[None]:
+    """The uvloop gate as it is here (`open_`) or as for a release nobody checked (it is
+    decided once a process: decided again on the way in and out)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not open_:
+            patch.setattr(uvloop_internals, "installed", lambda: "99.0.0")
+        uvloop_internals._gated_type.cache_clear()
+        try:
+            yield
+        finally:
+            uvloop_internals._gated_type.cache_clear()
+
+
+async def _served_transport() -> tuple[asyncio.BaseTransport, int | None]:
+    """A server-side transport of the running loop (one TCP connection made to it), and
+    what `direct_fd` gives for it."""
+    loop = asyncio.get_running_loop()
+    made: asyncio.Future[asyncio.BaseTransport] = loop.create_future()
+
+    class Catch(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            made.set_result(transport)
+
+    server = await loop.create_server(Catch, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with connection(port):
+        transport = await asyncio.wait_for(made, 5)
+        fd = uvloop_internals.direct_fd(transport)
+        transport.close()
+    server.close()
+    await server.wait_closed()
+    return transport, fd
+
+
+def test_the_socket_is_written_past_uvloops_tcp_transport_only() -> None:
+    """`direct_fd` gives the socket's descriptor for uvloop's TCP transport on a checked
+    release; for asyncio's own transport, or an uvloop release not checked, None (the
+    transport's `write`, the public path)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        transport, fd = runner.run(_served_transport())
+    assert fd is not None and fd >= 0 and type(transport).__module__ == "uvloop.loop"
+    with asyncio.Runner() as runner:
+        assert runner.run(_served_transport())[1] is None
+    with uvloop_gate(False), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(_served_transport())[1] is None
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["checked", "not-checked"])
+def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
+    gate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The traffic server on uvloop, as the sidecar runs it: with the gate open each chunk
+    goes to the client's socket past the transport (the writer is given its descriptor),
+    with it shut through the transport; a fast stream and one to a client that does not
+    read for a while (the socket full, the rest held by the transport) arrive whole and in
+    order either way."""
+    from sidecar.servers.uvicorn_internals import nowait
+
+    given: list[int | None] = []
+    real = nowait.direct_fd
+    monkeypatch.setattr(nowait, "direct_fd", lambda t: given.append(real(t)) or given[-1])
+
+    async def main() -> tuple[bytes, bytes]:
+        async with serve(make_app(stats=Stats())) as upstream:
+            settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
+            guard = build_guard(settings, StreamRegistry())
+            server = traffic_server(guard, settings, internals=use_internals())
+            sock = bound_socket()
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            try:
+                port = sock.getsockname()[1]
+                await wait_listening(port)
+                fast = await request(port, "GET", STREAM.format(tokens=50))
+                quick = await asyncio.wait_for(fast.body(), 10)
+                fast.close()
+                big = "/v1/stream?ttft_ms=0&itl_ms=0&tokens=20000"  # about 5 MB
+                slow = await request(port, "GET", big)
+                await asyncio.sleep(0.5)  # not reading: the socket fills
+                late = await asyncio.wait_for(slow.body(), 20)
+                slow.close()
+            finally:
+                server.should_exit = True
+                await asyncio.wait_for(task, 10)
+                sock.close()
+        return quick, late
+
+    with uvloop_gate(gate), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        quick, late = runner.run(main())
+    assert complete(quick, 50) and complete(late, 20000)
+    assert given and all((fd is not None) is gate for fd in given)
 
 
 # --- hypercorn -----------------------------------------------------------------------------

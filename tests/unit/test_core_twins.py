@@ -671,6 +671,124 @@ def test_an_unset_slot_raises_as_getattr_does(twin: str) -> None:
     assert written == []
 
 
+# The write past the transport (`uvloop_internals.direct_fd` gives a descriptor): a real
+# socket pair, and a transport that says whether it is closing and how many bytes it holds.
+
+
+class Past:
+    """A transport the writer may write past: its state, and what its own `write` got."""
+
+    def __init__(self, closing: bool = False, held: int = 0) -> None:
+        self.closing, self.held = closing, held
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_write_buffer_size(self) -> int:
+        return self.held
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+@pytest.fixture
+def pair() -> Any:
+    import socket
+
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    peer.setblocking(False)
+    yield ours, peer
+    ours.close()
+    peer.close()
+
+
+def past_writer(twin: str, transport: Past, fd: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The writer `send_nowait` makes for a cycle on `transport`, told it may write to `fd`."""
+    cycle: Any = SimpleNamespace(disconnected=False, response_complete=False)
+    cycle.chunked_encoding, cycle.transport = True, transport
+    cycle.flow = SimpleNamespace(write_paused=False)
+    monkeypatch.setattr(nowait, "direct_fd", lambda t: fd if t is transport else None)
+    if twin == "compiled":
+        _need(compiled_sidecar, twin)
+    else:
+        monkeypatch.setattr(nowait, "core", None)
+    return nowait.send_nowait(cycle)
+
+
+def drain(sock: Any) -> bytes:
+    out = b""
+    while True:
+        try:
+            got = sock.recv(1 << 20)
+        except BlockingIOError:
+            return out
+        if not got:
+            return out
+        out += got
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_chunk_goes_to_the_socket_itself_while_the_transport_holds_nothing(
+    twin: str, pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing held, not closing: the framed chunk is written to the socket, the transport's
+    `write` is not called."""
+    ours, peer = pair
+    transport = Past()
+    write = past_writer(twin, transport, ours.fileno(), monkeypatch)
+    assert write(b"hello") is True and write(b"") is True
+    assert drain(peer) == b"5\r\nhello\r\n0\r\n\r\n" and transport.written == []
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("state", [{"held": 1}, {"closing": True}])
+def test_a_transport_holding_bytes_or_closing_writes_the_chunk_itself(
+    twin: str, state: dict[str, Any], pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes held by the transport go first (the chunk after them, through it), and a
+    closing transport's descriptor may be closed or given to another connection: the
+    transport's own `write` takes the chunk, nothing goes to the socket."""
+    ours, peer = pair
+    transport = Past(**state)
+    write = past_writer(twin, transport, ours.fileno(), monkeypatch)
+    assert write(b"x") is True
+    assert transport.written == [b"1\r\nx\r\n"] and drain(peer) == b""
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_what_the_socket_does_not_take_goes_to_the_transport_in_order(
+    twin: str, pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket that takes part of a chunk, then none (its buffer full: EAGAIN): the rest of
+    the first and all of the next go to the transport, so socket then transport is each
+    chunk's framing in order, byte for byte."""
+    ours, peer = pair
+    transport = Past()
+    write = past_writer(twin, transport, ours.fileno(), monkeypatch)
+    big, after = bytes(range(256)) * 40000, b"next"  # 10 MB: more than a socket buffer
+    assert write(big) is True
+    assert len(transport.written) == 1  # the part the socket did not take
+    assert write(after) is True  # the socket is full: EAGAIN, all of it to the transport
+    framed = b"%x\r\n%b\r\n" % (len(big), big) + b"4\r\nnext\r\n"
+    assert drain(peer) + b"".join(transport.written) == framed
+    assert transport.written[-1] == b"4\r\nnext\r\n"
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_socket_error_hands_the_chunk_to_the_transport(
+    twin: str, pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peer gone (EPIPE): the chunk goes whole to the transport's `write`, which meets
+    the error itself and closes as it does for any failed write; no exception here."""
+    ours, peer = pair
+    peer.close()
+    transport = Past()
+    write = past_writer(twin, transport, ours.fileno(), monkeypatch)
+    assert write(b"x") is True and transport.written == [b"1\r\nx\r\n"]
+
+
 # -- H1Core ------------------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ which offers it in each request's scope (`NowaitOffer`), and the write itself, p
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from typing import Any
 
@@ -13,6 +14,7 @@ from uvicorn._types import HTTPScope
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from middleware.types import SEND_NOWAIT, SendNowait
+from sidecar.servers.uvloop_internals import direct_fd
 from sidecar.speedups import core
 
 
@@ -61,12 +63,17 @@ class NowaitOffer:
 def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
     """The `SEND_NOWAIT` extension for one request: a chunked body write straight to the
     transport, what uvicorn's `send` does for such a message, when nothing needs waiting for.
-    Compiled where built: `sidecar/_core.c`'s `ChunkWriter`, this closure line for line."""
+    Where the transport allows it (`uvloop_internals.direct_fd`), the chunk goes to the
+    socket itself while the transport holds no bytes, and only what the socket did not take
+    goes through the transport. Compiled where built: `sidecar/_core.c`'s `ChunkWriter`,
+    this closure line for line."""
+    transport = cycle.transport  # the connection's: fixed for the cycle
+    fd = direct_fd(transport)
     if core is not None:
-        writer: SendNowait = core.ChunkWriter(cycle)
+        writer: SendNowait = core.ChunkWriter(cycle, -1 if fd is None else fd)
         return writer
 
-    flow, write = cycle.flow, cycle.transport.write  # the connection's: fixed for the cycle
+    flow, write = cycle.flow, transport.write
 
     def send_nowait(body: bytes) -> bool:
         # `chunked_encoding` is None until the response has started, and True only for a
@@ -78,7 +85,16 @@ def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
             or not cycle.chunked_encoding
         ):
             return False
-        write(b"%x\r\n%b\r\n" % (len(body), body))
+        framed = b"%x\r\n%b\r\n" % (len(body), body)
+        if fd is not None and not transport.is_closing() and not transport.get_write_buffer_size():
+            try:
+                sent = os.write(fd, framed)
+            except OSError:  # EAGAIN, or an error the transport's write meets again and reports
+                sent = 0
+            if sent == len(framed):
+                return True
+            framed = framed[sent:]
+        write(framed)
         return True
 
     return send_nowait

@@ -1,0 +1,68 @@
+"""Every use of what uvloop does beyond its public interface: a response chunk written to
+the client's socket past uvloop's TCP transport, whenever the transport holds no bytes
+(`uvicorn_internals.nowait`, `sidecar/_core.c`'s `ChunkWriter`).
+
+Checked against uvloop 0.23 (`CHECKED`). Gate: `direct_fd(transport)` gives the socket's
+file descriptor only for uvloop's own `TCPTransport` (exactly: not TLS, not asyncio's, not
+a subclass) on a release checked; any other transport gets None, and its own `write` (the
+public path) is used.
+
+Why it holds, in uvloop's `handles/stream.pyx` and `basetransport.pyx`:
+- `TCPTransport.write` with nothing held (`get_write_buffer_size() == 0`: its list and
+  libuv's queue both empty) writes at once with `write(2)` to this descriptor
+  (`UVStream._try_write`), and holds only what the socket did not take. A write made past it
+  while it holds nothing puts the bytes where its own would, in the same order; the writer
+  hands any rest to the transport, which then holds it, so what follows goes after it.
+- `is_closing()` is false until the transport starts to close, and the descriptor is closed
+  only after that (`close`, `abort` and `_fatal_error` set `_closing` first, then the handle
+  is closed). A descriptor written to while it is false is the connection's own, never a
+  number the kernel has since given to another connection.
+
+Why: uvloop's write path for one chunk (its buffer list, `len`, `_fileno`, `_try_write`,
+`list.clear` called by name, `_on_write`) came to about 950 of the 4,532 CPU instructions the
+sidecar spent per relayed token (`python -m bench.lab.instructions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import importlib.metadata
+
+CHECKED = {"0.23"}  # uvloop major.minor releases read against the rules above
+
+
+def installed() -> str | None:
+    """The installed uvloop's version, or None (uvicorn[standard] leaves uvloop out where
+    it does not build, as on Windows)."""
+    try:
+        return importlib.metadata.version("uvloop")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def checked(version: str | None = None) -> bool:
+    """Is `version` (default: the installed uvloop) one these rules were checked against?"""
+    version = installed() if version is None else version
+    return version is not None and ".".join(version.split(".")[:2]) in CHECKED
+
+
+@functools.cache
+def _gated_type() -> type | None:
+    """uvloop's `TCPTransport` when the gate is open, else None: decided once a process."""
+    if not checked():
+        return None
+    found = getattr(importlib.import_module("uvloop.loop"), "TCPTransport", None)
+    return found if isinstance(found, type) else None
+
+
+def direct_fd(transport: asyncio.BaseTransport) -> int | None:
+    """The descriptor a chunk may be written to past `transport` while it holds no bytes and
+    is not closing, or None where only its own `write` may be used (see the module)."""
+    tcp = _gated_type()
+    if tcp is None or type(transport) is not tcp:
+        return None
+    sock = transport.get_extra_info("socket")
+    fd = -1 if sock is None else sock.fileno()
+    return fd if fd >= 0 else None
