@@ -31,6 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench import scenarios
+from bench.procstat import tree
 from bench.targets import TARGETS, otlp_sink, session
 
 Samples = Counter[tuple[str, str]]  # (shared object, symbol) -> samples
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 data = Path(tmp) / f"{round_}-{target}.data"
                 perf = subprocess.Popen(
                     ["perf", "record", "-e", "cpu-clock", "-F", str(RATE), "-o", str(data)]
-                    + ["-p", str(proxy.pid)],
+                    + ["-p", ",".join(map(str, tree(proxy.pid)))],  # nginx: its worker too
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
