@@ -19,6 +19,7 @@ Behaviour of llama-cpp-python's server (0.3.x) the tests and the recipe rely on:
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -54,10 +55,19 @@ def require_llama_cpp() -> None:
 
 
 def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
+    """Can `name` be imported? Found without importing it or the packages above it: importing
+    `llama_cpp` opens /dev/null twice for the process's life (`llama_cpp._utils`), which was
+    the ResourceWarning printed at the suite's exit."""
+    return _spec(name) is not None
+
+
+def _spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    parent, _, last = name.rpartition(".")
+    if not parent:
+        return importlib.util.find_spec(name)
+    above = _spec(parent)
+    places = None if above is None else above.submodule_search_locations
+    return None if places is None else importlib.machinery.PathFinder.find_spec(last, places)
 
 
 class Process:
