@@ -9,7 +9,8 @@
  * - `ChunkWriter`: sidecar/servers/uvicorn_internals/nowait.py's `send_nowait` closure, the
  *   `sidestream.send_nowait` write into uvicorn's response. It reads uvicorn's private
  *   `RequestResponseCycle` fields as the closure does, so it is used only where that
- *   package's version gate (`checked()`) allows the closure.
+ *   package's version gate (`checked()`) allows the closure; and it writes to the socket
+ *   past uvloop's transport only with the descriptor `uvloop_internals.direct_fd` gives.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -374,8 +375,8 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
     Py_ssize_t n = PyBytes_GET_SIZE(body), sent = 0;
     char head[24];
     int head_len = hex_line(head, (size_t)n);
-    /* if fd is not None and not transport.is_closing() and not transport.get_write_buffer_size():
-     * (the two bound methods got once, with the writer) */
+    /* if (fd is not None and not transport.is_closing()
+     *         and not transport.get_write_buffer_size()):  (the bound methods got once) */
     if (self->fd >= 0) {
         int past = called_false(self->is_closing);
         if (past > 0) past = called_false(self->held);
