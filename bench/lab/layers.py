@@ -97,7 +97,9 @@ def counted(layer: str, upstream: int, streams: int) -> int:
                     raise RuntimeError(f"the {layer} server did not start")
                 time.sleep(0.1)
             port = int(port_file.read_text())
-            loadgen(port, 5, 2, 0, stamp=False)  # warm-up: pools, caches, first calls
+            # Warm-up: pools, caches, first calls, the paced path's included
+            loadgen(port, 5, 2, 0, stamp=False)
+            loadgen(port, 5, 2, 20, stamp=False)
             control = ["callgrind_control", "-i"]
             subprocess.run([*control, "on", str(server.pid)], check=True, capture_output=True)
             loadgen(port, streams, 2, 20, stamp=False)
