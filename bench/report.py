@@ -175,6 +175,14 @@ def budgets(
             v = o.get(key)
             within = v is not None and _num(v) and float(v) <= 1.15
             rows.append(f"| {label} | {fmt(v)}x | {'yes' if within else '**no**'} |")
+    # Issue #31's budget for telemetry on is against nginx, in turns as the row above it.
+    label = "a. telemetry on: CPU per token ≤ 1.25x nginx"
+    if not otel:
+        rows.append(f"| {label} | telemetry-on: not yet available | — |")
+    else:
+        v = o.get("a_cpu_100k_vs_nginx")
+        within = _num(v) and float(v) <= 1.25
+        rows.append(f"| {label} | {fmt(v)}x | {'yes' if within else '**no**'} |")
     return "\n".join(rows)
 
 

@@ -1,5 +1,6 @@
 """The benchmark report's judgement of a median: its bootstrap interval, and the telemetry
-budget row that says when a median meets the budget only at the edge of its noise."""
+budget rows: the one that says when a median meets the budget only at the edge of its noise,
+and issue #31's telemetry-on budget against nginx."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_one_value_has_no_interval() -> None:
 
 def _telemetry_row(together: list[float]) -> str:
     table = budgets({}, [2000], otel=True, together=together)
-    (row,) = [r for r in table.splitlines() if r.startswith("| a. telemetry on")]
+    (row,) = [r for r in table.splitlines() if r.startswith("| a. telemetry on: CPU per token ≤ 1.15x off")]
     return row
 
 
@@ -53,3 +54,18 @@ def test_the_telemetry_budget_row_separates_met_at_the_edge_and_missed() -> None
     assert edge.endswith("| at the edge |")
     missed = _telemetry_row([1.16, 1.21, 1.18, 1.17, 1.25])
     assert missed.endswith("| **no** |")
+
+
+def test_the_telemetry_budget_against_nginx_reads_the_otel_targets_ratio() -> None:
+    """Rule: issue #31's telemetry-on budget is sidestream+otel's CPU per token against
+    nginx's, met at 1.25x or below, whatever sidestream's own ratio is."""
+
+    def row(ratio: float) -> str:
+        med = {"sidestream": {"a_cpu_100k_vs_nginx": 1.0}, "sidestream+otel": {}}
+        med["sidestream+otel"]["a_cpu_100k_vs_nginx"] = ratio
+        table = budgets(med, [2000], otel=True, together=[])
+        (found,) = [r for r in table.splitlines() if "≤ 1.25x nginx" in r]
+        return found
+
+    assert row(1.24).endswith("| 1.24x | yes |")
+    assert row(1.31).endswith("| 1.31x | **no** |")
