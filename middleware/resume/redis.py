@@ -13,7 +13,8 @@ Keys, for a stream `<id>` (prefix `sidestream:resume:`):
 - channel `stop` — DELETE on any replica publishes the id; its producer stops it.
 
 Appends are batched: every stream's events of the last `FLUSH_SECONDS` go in one pipelined
-request, one in flight at a time (never a round trip per token); a live stream's expiry is
+request, one in flight at a time (never a round trip per token), of at most `BATCH_OPS`
+operations (a backlog goes out in several, back to back); a live stream's expiry is
 refreshed at most once a second. The
 store never breaks a live stream: a failed write is counted, logged once, and dropped.
 """
@@ -43,6 +44,10 @@ BLOCK_MS = 1000
 MAX_PENDING_BYTES = 64 * 1024 * 1024
 OPEN_RETRIES, OPEN_RETRY_SECONDS = 2, 0.05  # an unknown id: looked up again, 100 ms in all
 FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to other replicas
+# Operations in one pipelined write at most. A pipeline is built and its replies read in
+# Python while the event loop waits: a backlog written at once (a burst of fast streams)
+# held every other stream's first token for seconds. At this size a write holds it a few ms.
+BATCH_OPS = 500
 KEY = b"sidestream-resume-v1"  # the credential hash key: the same on every replica
 
 
@@ -192,9 +197,12 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         try:
             while self.pending:
-                await asyncio.sleep(0 if self.opened else FLUSH_SECONDS)
+                backlog = len(self.pending) >= BATCH_OPS  # no gathering: write what waits
+                await asyncio.sleep(0 if self.opened or backlog else FLUSH_SECONDS)
                 self.opened = False
-                batch, self.pending, self.pending_bytes = self.pending, [], 0
+                batch = self.pending[:BATCH_OPS]
+                del self.pending[:BATCH_OPS]
+                self.pending_bytes -= sum(len(item[3]) for item in batch)
                 ttl = int(self.limits.ttl * 1000)
                 pipe = self.client.pipeline(transaction=False)
                 touched: set[str] = set()
