@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from middleware.resume.redis import PREFIX, RedisStore
+from middleware.resume.store import Limits, ResumePointGone
 from tests.support.redis import RedisServer, redis_server
 
 STREAMS, EVENTS = 64, 2000  # 128,000 events: a few seconds of the benchmark's flood
@@ -22,6 +23,13 @@ EVENT = b'data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}\n\n'
 async def redis() -> AsyncIterator[RedisServer]:
     async with redis_server() as server:
         yield server
+
+
+async def written(store: RedisStore) -> None:
+    deadline = time.monotonic() + 60
+    while store.flushing is not None or store.pending:
+        assert time.monotonic() < deadline, "the store's queue was not written within 60 s"
+        await asyncio.sleep(0.01)
 
 
 async def test_a_backlog_goes_out_whole_without_holding_the_loop(redis: RedisServer) -> None:
@@ -50,10 +58,7 @@ async def test_a_backlog_goes_out_whole_without_holding_the_loop(redis: RedisSer
                 await asyncio.sleep(0)
         for log in logs:
             log.end(b"", "stop")
-        deadline = time.monotonic() + 60
-        while store.flushing is not None or store.pending:
-            assert time.monotonic() < deadline, "the backlog was not written within 60 s"
-            await asyncio.sleep(0.01)
+        await written(store)
         done.set()
         await tick
 
@@ -65,5 +70,70 @@ async def test_a_backlog_goes_out_whole_without_holding_the_loop(redis: RedisSer
                 EVENT + b"%d" % n for n in range(EVENTS)
             ]
             assert entries[-1][1] == {b"end": b"stop"}
+    finally:
+        await store.aclose()
+
+
+async def test_the_per_stream_bound_keeps_the_newest_events_in_order(redis: RedisServer) -> None:
+    """Rule: past `max_bytes`, a stream keeps its newest events (to within a node of Redis's
+    approximate trim), whole and in order, with its end after them, however its appends and
+    trims fall into the store's writes; a resume
+    from an event trimmed away is refused (ResumePointGone), one from a kept event reads
+    every event after it and the end."""
+    event = b"data: " + b"x" * 94 + b"\n\n"  # 102 bytes
+    store = RedisStore(redis.url, Limits(max_bytes=100 * len(event)))
+    try:
+        logs = [store.open(f"b{i}", "c") for i in range(3)]
+        for n in range(1, 1201):  # interleaved: runs of appends with trims between them
+            for log in logs:
+                log.append(event[:-2] + b"%d\n\n" % n)
+            if n % 97 == 0:
+                await asyncio.sleep(0)
+        for log in logs:
+            log.end(b"", "stop")
+        await written(store)
+        assert store.failures == 0
+
+        def size(n: int) -> int:
+            return len(event[:-2] + b"%d\n\n" % n)
+
+        newest, kept = 1200, size(1200)  # the oldest of the newest events within the bound
+        while kept + size(newest - 1) <= 100 * len(event):
+            newest -= 1
+            kept += size(newest)
+        assert newest == 1105  # 96 events of 106 bytes
+        for i in range(3):
+            entries = await store.client.xrange(PREFIX + f"b{i}")
+            ids = [int(entry_id.split(b"-")[0]) for entry_id, _ in entries]
+            # A contiguous run up to the end; the trim is Redis's approximate one (`MINID ~`),
+            # which frees whole nodes of the stream (100 entries each): it keeps the events
+            # within the bound, and at most a node's worth before them.
+            assert ids == list(range(ids[0], 1202))
+            assert newest - 100 <= ids[0] <= newest
+            assert entries[-2][1] == {b"e": event[:-2] + b"1200\n\n"}
+            assert entries[-1][1] == {b"end": b"stop"}
+        with pytest.raises(ResumePointGone):
+            await store.attach("b1", 1000, "c")
+        reader = await store.attach("b1", 1150, "c")
+        events, ended = await reader.read(1.0)
+        assert ended and events == [event[:-2] + b"%d\n\n" % n for n in range(1151, 1201)]
+    finally:
+        await store.aclose()
+
+
+async def test_a_failing_append_costs_no_other_streams_events(redis: RedisServer) -> None:
+    """Rule: appends that Redis refuses for one stream (here its key holds another type) are
+    lost for that stream alone: the other streams' appends in the same write all land."""
+    store = RedisStore(redis.url)
+    try:
+        await store.client.set(PREFIX + "broken", b"not a stream")
+        broken, fine = store.open("broken", "c"), store.open("fine", "c")
+        for n in range(1, 51):
+            broken.append(EVENT + b"%d" % n)
+            fine.append(EVENT + b"%d" % n)
+        await written(store)
+        entries = await store.client.xrange(PREFIX + "fine")
+        assert [fields[b"e"] for _, fields in entries] == [EVENT + b"%d" % n for n in range(1, 51)]
+        assert await store.client.get(PREFIX + "broken") == b"not a stream"
     finally:
         await store.aclose()
