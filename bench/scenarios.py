@@ -168,10 +168,27 @@ def cancel(s: Session, streams: int = 100, spacing_s: float = 0.015) -> Figures:
     }
 
 
+def _idle_proxy(s: Session, timeout: float = 45.0, share: float = 0.05) -> None:
+    """Wait until the proxy uses under `share` of a core over 0.2 s: with resume on, the
+    flood's streams have left the emulator's sockets long before the proxy has taken in what
+    they sent (a few seconds' work, which new streams' first tokens otherwise queue behind)."""
+    pids = s.pids()
+    if not pids:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pids)
+        time.sleep(0.2)
+        if cpu_seconds(pids) - before < share * 0.2:
+            return
+
+
 def connect(s: Session, n: int = 200) -> Figures:
     # Not under an earlier scenario's load: with resume on, the flood's streams, cut by their
-    # clients, run on upstream for their grace (up to 30 s) and kept TTFT at ~14 ms.
+    # clients, run on upstream for their grace (up to 30 s) and kept TTFT at ~14 ms; the
+    # proxy is still taking in what they sent for a while after the emulator is done.
     _quiet(s, timeout=45.0)
+    _idle_proxy(s)
     cfg = dict(concurrency=1, streams=n, tokens=1, itl_ms=0, stamp="content")
     records, _, _ = _streams(s, cfg, timeout=60)
     ttft = [r[0] / 1e6 for r in records if r[0] >= 0]
