@@ -239,10 +239,17 @@ class RedisStore:
                     pipe.pexpire(key, ttl)
                     pipe.pexpire(f"{key}:m", ttl)
                 try:
-                    await pipe.execute(raise_on_error=False)
-                    self.failing = False
+                    replies = await pipe.execute(raise_on_error=False)
                 except aioredis.RedisError as exc:
                     self.failed(exc)
+                    continue
+                # A command Redis refused (a server without scripting, a key of another
+                # type): counted and logged like a lost connection, not passed over.
+                refused = next((r for r in replies if isinstance(r, Exception)), None)
+                if refused is not None:
+                    self.failed(refused)
+                else:
+                    self.failing = False
         finally:
             self.flushing = None
 

@@ -137,3 +137,24 @@ async def test_a_failing_append_costs_no_other_streams_events(redis: RedisServer
         assert await store.client.get(PREFIX + "broken") == b"not a stream"
     finally:
         await store.aclose()
+
+
+async def test_appends_redis_refuses_are_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rule: where Redis refuses the store's writes (here a server with scripting renamed
+    away), the store says so: a failure counted and one warning naming Redis's error, as
+    for a lost connection, and the stream is not broken (appends stay non-raising)."""
+    async with redis_server("--rename-command", "EVAL", "") as server:
+        store = RedisStore(server.url)
+        try:
+            log = store.open("refused", "c")
+            with caplog.at_level("WARNING", logger="sidestream"):
+                for n in range(1, 11):
+                    log.append(EVENT + b"%d" % n)
+                await written(store)
+            assert store.failures >= 1
+            assert any("unknown command" in r.getMessage().lower() for r in caplog.records)
+            assert await store.client.xlen(PREFIX + "refused") == 0
+        finally:
+            await store.aclose()

@@ -12,7 +12,8 @@ from tests.support.procs import free_port
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
+        """`extra`: more redis-server arguments (config directives)."""
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process = subprocess.Popen(
@@ -23,6 +24,7 @@ class RedisServer:
                 "--save", "",
                 "--appendonly", "no",
                 "--loglevel", "warning",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -48,12 +50,12 @@ class RedisServer:
 
 
 @contextlib.asynccontextmanager
-async def redis_server() -> AsyncIterator[RedisServer]:
+async def redis_server(*extra: str) -> AsyncIterator[RedisServer]:
     # Fail, not skip: without it the Redis store would go untested unnoticed.
     assert shutil.which("redis-server") is not None, (
         "redis-server is not installed (.ci/run installs it)"
     )
-    server = RedisServer()
+    server = RedisServer(*extra)
     try:
         await server.ready()
         yield server
