@@ -41,7 +41,11 @@ def test_one_value_has_no_interval() -> None:
 
 def _telemetry_row(together: list[float]) -> str:
     table = budgets({}, [2000], otel=True, together=together)
-    (row,) = [r for r in table.splitlines() if r.startswith("| a. telemetry on: CPU per token ≤ 1.15x off")]
+    (row,) = [
+        r
+        for r in table.splitlines()
+        if r.startswith("| a. telemetry on: CPU per token ≤ 1.15x off")
+    ]
     return row
 
 
