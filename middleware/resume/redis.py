@@ -49,12 +49,44 @@ FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to oth
 # held every other stream's first token for seconds; at this size the loop waits ~10 ms at most.
 BATCH_OPS = 500
 KEY = b"sidestream-resume-v1"  # the credential hash key: the same on every replica
-# Appends go to Redis as one script call per run of them, not one XADD command each:
-# redis-py packs each command and reads each reply in Python (with a timeout each), which
-# came to most of the store's CPU per token. Each XADD stands alone, as separate commands
-# did: one that fails (pcall) does not stop the rest. Sent whole (EVAL, not EVALSHA):
-# Redis caches the compiled script, and a restarted Redis needs nothing loaded again.
-_ADD_EACH = "for i = 1, #ARGV, 3 do redis.pcall('XADD', ARGV[i], ARGV[i+1], 'e', ARGV[i+2]) end"
+# Appends go to Redis as one script call per run of them (`_Appends`), not one XADD command
+# each: redis-py packs every argument and reads every reply in Python, which came to most of
+# the store's CPU per token. The events travel end to end in one argument, with one of their
+# places (key number, entry number, length each), so that the call has a few arguments
+# whatever the run's length. Each XADD stands alone, as separate commands did: one that fails
+# (pcall) does not stop the rest. Sent whole (EVAL, not EVALSHA): Redis caches the compiled
+# script, and a restarted Redis needs nothing loaded again.
+_ADD_EACH = """
+local events, at = ARGV[1], 1
+for key, n, size in string.gmatch(ARGV[2], '(%d+) (%d+) (%d+)') do
+  local stop = at + tonumber(size)
+  redis.pcall('XADD', KEYS[tonumber(key)], n .. '-1', 'e', string.sub(events, at, stop - 1))
+  at = stop
+end
+"""
+
+
+class _Appends:
+    """A run of appends to one or more streams, written as one `_ADD_EACH` call."""
+
+    __slots__ = ("events", "keys", "places")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, int] = {}  # stream key -> its number in the call's KEYS (from 1)
+        self.events: list[bytes] = []
+        self.places: list[str] = []
+
+    def add(self, key: str, n: int, event: bytes) -> None:
+        number = self.keys.setdefault(key, len(self.keys) + 1)
+        self.events.append(event)
+        self.places.append(f"{number} {n} {len(event)}")
+
+    def write(self, pipe: Any) -> None:
+        """Queue the call on `pipe` (nothing when the run is empty) and start a new run."""
+        if self.events:
+            keys, events, places = self.keys, b"".join(self.events), " ".join(self.places)
+            pipe.execute_command("EVAL", _ADD_EACH, len(keys), *keys, events, places)
+            self.keys, self.events, self.places = {}, [], []
 
 
 class RedisLog:
@@ -213,18 +245,16 @@ class RedisStore:
                 pipe = self.client.pipeline(transaction=False)
                 touched: set[str] = set()
                 now, refreshed = loop.time(), self.refreshed
-                adds: list[str | bytes] = []  # a run of appends: key, entry id, event each
+                adds = _Appends()
                 for op, stream_id, n, data in batch:
                     key = PREFIX + stream_id
                     if op == "add":
-                        adds += (key, f"{n}-1", data)
+                        adds.add(key, n, data)
                         if now - refreshed.get(key, 0.0) > REFRESH_SECONDS:
                             refreshed[key] = now
                             touched.add(key)
                         continue
-                    if adds:  # before this stream's trim or end, in order
-                        pipe.execute_command("EVAL", _ADD_EACH, 0, *adds)
-                        adds = []
+                    adds.write(pipe)  # before this stream's trim or end, in order
                     if op == "trim":
                         pipe.xtrim(key, minid=f"{n}-0")
                     elif op == "open":
@@ -233,8 +263,7 @@ class RedisStore:
                         pipe.xadd(key, {b"end": data}, id=f"{n}-1")
                         refreshed.pop(key, None)
                         touched.add(key)
-                if adds:
-                    pipe.execute_command("EVAL", _ADD_EACH, 0, *adds)
+                adds.write(pipe)
                 for key in touched:  # a live stream's keys last `ttl` past its last write
                     pipe.pexpire(key, ttl)
                     pipe.pexpire(f"{key}:m", ttl)

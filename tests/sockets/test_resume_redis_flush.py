@@ -158,3 +158,29 @@ async def test_appends_redis_refuses_are_counted_and_logged(
             assert await store.client.xlen(PREFIX + "refused") == 0
         finally:
             await store.aclose()
+
+
+async def test_events_of_any_bytes_are_stored_byte_for_byte(redis: RedisServer) -> None:
+    """Rule: the store keeps each event's exact bytes, whatever they hold (multi-byte UTF-8,
+    NUL, bytes that are not UTF-8, digits and spaces like the call's own layout) and however
+    long, interleaved over streams in one write."""
+    odd = [
+        'data: {"content":"東京 ü 🙂"}\n\n'.encode(),
+        b"data: \x00\xff\xfe\n\n",
+        b"1 2 3 4 5 6\n\n",
+        b"x",
+        b"data: " + bytes(range(256)) * 300 + b"\n\n",  # 77 KB
+        b"id: 7\r\ndata: %d %s\r\n\r\n",
+    ]
+    store = RedisStore(redis.url)
+    try:
+        logs = [store.open(f"o{i}", "c") for i in range(3)]
+        for event in odd:
+            for i, log in enumerate(logs):
+                log.append(event + b"%d" % i)
+        await written(store)
+        for i in range(3):
+            entries = await store.client.xrange(PREFIX + f"o{i}")
+            assert [fields[b"e"] for _, fields in entries] == [e + b"%d" % i for e in odd]
+    finally:
+        await store.aclose()
