@@ -14,9 +14,12 @@ asgi"` (or `make test-fast`) runs the two quick tiers.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.redis import RedisServer, redis_server
 
 TIERS = ("unit", "asgi", "sockets", "system")
 HERE = Path(__file__).parent
@@ -30,3 +33,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test belongs under tests/<tier>/: {TIERS}")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[RedisServer]:
+    """A throwaway redis-server for the test (`tests/support/redis.py`)."""
+    async with redis_server() as server:
+        yield server

@@ -15,7 +15,7 @@ import pytest
 from sidecar.emulator import Stats, make_app
 from tests.support.clients import request
 from tests.support.procs import CHAT, Child, chat, free_port
-from tests.support.redis import RedisServer, redis_server
+from tests.support.redis import RedisServer
 from tests.support.servers import serve
 from tests.support.sseparse import parse
 
@@ -25,12 +25,6 @@ async def emulator() -> AsyncIterator[tuple[int, Stats]]:
     stats = Stats()
     async with serve(make_app(stats=stats)) as port:
         yield port, stats
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[RedisServer]:
-    async with redis_server() as server:
-        yield server
 
 
 async def replicas(upstream: int, redis: RedisServer, count: int = 2) -> list[Child]:
