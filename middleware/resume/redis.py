@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -196,7 +197,9 @@ class RedisStore:
         self.client: Any = aioredis.from_url(
             url, socket_connect_timeout=1.0, socket_timeout=BLOCK_MS / 1000 + 4
         )
-        self.pending: list[tuple[str, str, int, bytes]] = []
+        # Operations not written yet; a deque: a backlog is taken from its head, a batch at a
+        # time, and `retract` takes back from its tail.
+        self.pending: deque[tuple[str, str, int, bytes]] = deque()
         self.pending_bytes = 0
         self.flushing: asyncio.Task[None] | None = None
         self.refreshed: dict[str, float] = {}  # a live stream's keys: expiry last set at
@@ -220,7 +223,8 @@ class RedisStore:
         self.pending_bytes += len(item[3])
         if self.pending_bytes > MAX_PENDING_BYTES:
             self.failed(RuntimeError("Redis is not keeping up: events dropped"))
-            self.pending, self.pending_bytes = [], 0
+            self.pending.clear()
+            self.pending_bytes = 0
         if self.flushing is None:
             self.flushing = asyncio.get_running_loop().create_task(self._flush())
 
@@ -238,8 +242,8 @@ class RedisStore:
                 backlog = len(self.pending) >= BATCH_OPS  # no gathering: write what waits
                 await asyncio.sleep(0 if self.opened or backlog else FLUSH_SECONDS)
                 self.opened = False
-                batch = self.pending[:BATCH_OPS]
-                del self.pending[:BATCH_OPS]
+                take = self.pending.popleft
+                batch = [take() for _ in range(min(BATCH_OPS, len(self.pending)))]
                 self.pending_bytes -= sum(len(item[3]) for item in batch)
                 ttl = int(self.limits.ttl * 1000)
                 pipe = self.client.pipeline(transaction=False)
