@@ -51,6 +51,21 @@ def complete(body: bytes, tokens: int) -> bool:
     return events[-1] == "[DONE]" and len(events) >= tokens + 1
 
 
+@contextlib.asynccontextmanager
+async def traffic_listener(app: Any, settings: Any, internals: bool) -> AsyncIterator[int]:
+    """The sidecar's traffic server (`traffic_server`) serving `app`; yields its port."""
+    server = traffic_server(app, settings, internals=internals)
+    sock = bound_socket()
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_listening(sock.getsockname()[1])
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()
+
+
 # --- uvicorn -------------------------------------------------------------------------------
 
 
@@ -108,18 +123,10 @@ async def test_the_traffic_listener_streams_on_either_side_of_the_uvicorn_gate(
                 offered.append(SEND_NOWAIT in scope.get("extensions", {}))
             await guard(scope, receive, send)
 
-        server = traffic_server(app, settings, internals=internals)
-        sock = bound_socket()
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
-            await wait_listening(sock.getsockname()[1])
-            response = await request(sock.getsockname()[1], "GET", STREAM.format(tokens=20))
+        async with traffic_listener(app, settings, internals) as port:
+            response = await request(port, "GET", STREAM.format(tokens=20))
             body = await asyncio.wait_for(response.body(), 10)
             response.close()
-        finally:
-            server.should_exit = True
-            await asyncio.wait_for(task, 10)
-            sock.close()
     assert response.status == 200 and complete(body, 20)
     assert offered == [gate]
 
@@ -332,12 +339,7 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
         async with serve(make_app(stats=Stats())) as upstream:
             settings = load(["--upstream", f"http://127.0.0.1:{upstream}"], environ={})
             guard = build_guard(settings, StreamRegistry())
-            server = traffic_server(guard, settings, internals=use_internals())
-            sock = bound_socket()
-            task = asyncio.create_task(server.serve(sockets=[sock]))
-            try:
-                port = sock.getsockname()[1]
-                await wait_listening(port)
+            async with traffic_listener(guard, settings, use_internals()) as port:
                 fast = await request(port, "GET", STREAM.format(tokens=50))
                 quick = await asyncio.wait_for(fast.body(), 10)
                 fast.close()
@@ -346,10 +348,6 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
                 await asyncio.sleep(0.5)  # not reading: the socket fills
                 late = await asyncio.wait_for(slow.body(), 20)
                 slow.close()
-            finally:
-                server.should_exit = True
-                await asyncio.wait_for(task, 10)
-                sock.close()
         return quick, late
 
     with uvloop_gate(gate), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
