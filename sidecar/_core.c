@@ -51,10 +51,12 @@ static int hex_digit(unsigned char c) {
 
 /* def whole_chunks(data) -> list[bytes] | None: appends the payloads to `chunks` and
  * returns 1, or returns 0 with `chunks` as it was (the parser's to read), or -1 on error.
- * Two passes: the first checks the whole read, so nothing is appended unless all is taken. */
-static int whole_chunks(PyObject *data, PyObject *chunks) {
+ * Two passes: the first checks the whole read, so nothing is appended unless all is taken.
+ * With `single`, a read of one chunk (a token, usually) puts its payload there instead of
+ * in `chunks`: see `after_read`. */
+static int whole_chunks(PyObject *data, PyObject *chunks, PyObject **single) {
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t end = PyBytes_GET_SIZE(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data), count = 0;
     for (int pass = 0; pass < 2; pass++) {
         Py_ssize_t at = 0;
         while (at < end) {
@@ -70,10 +72,15 @@ static int whole_chunks(PyObject *data, PyObject *chunks) {
             Py_ssize_t start = line + 2, stop = start + size;
             /* if size == 0 or data[stop : stop + 2] != b"\r\n": return None */
             if (size == 0 || stop + 2 > end || b[stop] != '\r' || b[stop + 1] != '\n') return 0;
-            if (pass == 1) {
+            if (pass == 0) count++;
+            else {
                 /* pieces.append(data[start:stop]) */
                 PyObject *piece = PyBytes_FromStringAndSize((const char *)b + start, size);
                 if (piece == NULL) return -1;
+                if (single != NULL && count == 1) {
+                    *single = piece;
+                    return 1;
+                }
                 int appended = PyList_Append(chunks, piece);
                 Py_DECREF(piece);
                 if (appended < 0) return -1;
@@ -131,9 +138,42 @@ static PyObject *feed(H1Core *self, PyObject *parser, PyObject *data) {
     Py_RETURN_TRUE;
 }
 
-/* The rest of data_received, once a read's pieces are in `chunks`. */
-static PyObject *after_read(H1Core *self) {
+/* The rest of data_received, once a read's pieces are in `chunks`; or, with `single` (a
+ * reference this takes), once a read's one piece is, `chunks` having been empty: what the
+ * lines below do for `chunks == [single]`, the list left untouched when the sink takes it.
+ * (Clearing a list frees its item array, so a list per token is an allocation, a free and
+ * two objects more touched per token.) */
+static PyObject *after_read(H1Core *self, PyObject *single) {
     PyObject *r;
+    if (single != NULL) {
+        int yes = 0;
+        if (self->sink != NULL && self->sink != Py_None) {
+            PyObject *sink = Py_NewRef(self->sink);
+            PyObject *took = PyObject_CallOneArg(sink, single);
+            Py_DECREF(sink);
+            yes = took == NULL ? -1 : PyObject_IsTrue(took);
+            Py_XDECREF(took);
+        }
+        /* taken: chunks.clear() is a no-op; else it stays in `chunks` (on an error too,
+         * which is kept aside while it goes there) */
+        if (yes <= 0) {
+            PyObject *type, *exc, *tb;
+            PyErr_Fetch(&type, &exc, &tb);
+            if (PyList_Append(self->chunks, single) < 0) {
+                Py_XDECREF(type);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+                yes = -1;
+            } else if (type != NULL) {
+                PyErr_Restore(type, exc, tb);
+            }
+        }
+        Py_DECREF(single);
+        if (yes < 0) return NULL;
+        /* if not self.complete: return */
+        if (yes && !self->complete) Py_RETURN_NONE;
+        goto after_feed;
+    }
     /* chunks = self.chunks */
     PyObject *chunks = self->chunks;
     /* if chunks and self.sink is not None and self.sink(b"".join(chunks)): */
@@ -159,6 +199,7 @@ static PyObject *after_read(H1Core *self) {
         /* if not self.complete: return */
         if (yes && !self->complete) Py_RETURN_NONE;
     }
+after_feed:
     /* self._after_feed() */
     r = call_method0((PyObject *)self, str_after_feed);
     if (r == NULL) return NULL;
@@ -182,9 +223,11 @@ static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
     /* pieces = whole_chunks(data) if self.at_boundary else None
      * if pieces is not None: self.chunks.extend(pieces) */
     int taken = 0;
+    PyObject *single = NULL;
     if (self->at_boundary && PyBytes_CheckExact(data) && self->chunks != NULL &&
         PyList_CheckExact(self->chunks)) {
-        taken = whole_chunks(data, self->chunks);
+        int empty = PyList_GET_SIZE(self->chunks) == 0;
+        taken = whole_chunks(data, self->chunks, empty ? &single : NULL);
         if (taken < 0) return NULL;
     }
     if (!taken) {
@@ -192,7 +235,7 @@ static PyObject *H1Core_data_received(H1Core *self, PyObject *data) {
         if (r != Py_True) return r; /* failed (reported) or an error */
         Py_DECREF(r);
     }
-    return after_read(self);
+    return after_read(self, single);
 }
 
 static PyObject *H1Core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {

@@ -892,6 +892,31 @@ def test_whole_chunks_at_a_boundary_are_taken_without_the_parser(twin: str) -> N
     assert c.events == [] and c.received is True
 
 
+@pytest.mark.parametrize("sink", ["refuses", "none", "raises"])
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_whole_chunk_the_sink_does_not_take_is_left_for_the_reader(twin: str, sink: str) -> None:
+    """A read of one whole chunk at a boundary that the sink refuses, or with no sink, is in
+    `chunks` for `_after_feed` (the reader), after what was already there; when the sink
+    raises, the error propagates and the chunk is in `chunks` all the same."""
+
+    def raising(body: bytes) -> bool:
+        raise KeyError("sink")
+
+    given = {"refuses": lambda body: False, "none": None, "raises": raising}[sink]
+    for before in ([], [b"held"]):
+        c = connection(twin, sink=given)
+        c._parser = Parser(c, [], AssertionError("the parser was fed"))
+        c.at_boundary = True
+        c.chunks.extend(before)
+        if sink == "raises":
+            with pytest.raises(KeyError):
+                c.data_received(b"5\r\nhello\r\n")
+            assert c.chunks == [*before, b"hello"] and c.events == []
+        else:
+            c.data_received(b"5\r\nhello\r\n")
+            assert c.events == [("after", [*before, b"hello"])]
+
+
 @pytest.mark.parametrize(
     "data",
     [
