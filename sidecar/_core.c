@@ -139,27 +139,40 @@ static PyObject *feed(H1Core *self, PyObject *parser, PyObject *data) {
 }
 
 /* The rest of data_received, once a read's pieces are in `chunks`; or, with `single` (a
- * reference this takes), once a read's one piece is, `chunks` having been empty: what the
- * lines below do for `chunks == [single]`, the list left untouched when the sink takes it.
- * (Clearing a list frees its item array, so a list per token is an allocation, a free and
- * two objects more touched per token.) */
+ * reference this takes), once its one piece is, `chunks` having been empty: the piece
+ * stands for `chunks == [single]`, and goes into the list only when the sink does not take
+ * it (clearing a list frees its item array: a list per token would be an allocation, a
+ * free and two objects more touched per token). */
 static PyObject *after_read(H1Core *self, PyObject *single) {
     PyObject *r;
-    if (single != NULL) {
-        int yes = 0;
-        if (self->sink != NULL && self->sink != Py_None) {
-            PyObject *sink = Py_NewRef(self->sink);
-            PyObject *took = PyObject_CallOneArg(sink, single);
-            Py_DECREF(sink);
-            yes = took == NULL ? -1 : PyObject_IsTrue(took);
-            Py_XDECREF(took);
+    int yes = 0;
+    /* chunks = self.chunks */
+    PyObject *chunks = Py_XNewRef(self->chunks);
+    /* if chunks and self.sink is not None and self.sink(b"".join(chunks)): */
+    int any = single != NULL ||
+              (chunks != NULL && PyList_CheckExact(chunks) && PyList_GET_SIZE(chunks) > 0);
+    if (any && self->sink != NULL && self->sink != Py_None) {
+        PyObject *sink = Py_NewRef(self->sink);
+        PyObject *first = single != NULL ? single : PyList_GET_ITEM(chunks, 0);
+        int one = single != NULL || (PyList_GET_SIZE(chunks) == 1 && PyBytes_CheckExact(first));
+        PyObject *body = one ? Py_NewRef(first) /* what join returns for one piece */
+            : PyObject_CallMethodOneArg(EMPTY, str_join, chunks);
+        PyObject *took = body == NULL ? NULL : PyObject_CallOneArg(sink, body);
+        Py_XDECREF(body);
+        Py_DECREF(sink);
+        yes = took == NULL ? -1 : PyObject_IsTrue(took);
+        Py_XDECREF(took);
+        if (yes > 0 && single == NULL) {
+            /* chunks.clear() */
+            yes = PyList_SetSlice(chunks, 0, PyList_GET_SIZE(chunks), NULL) < 0 ? -1 : 1;
         }
-        /* taken: chunks.clear() is a no-op; else it stays in `chunks` (on an error too,
-         * which is kept aside while it goes there) */
+    }
+    if (single != NULL) {
+        /* not taken (or an error, kept aside meanwhile): it stays in `chunks` */
         if (yes <= 0) {
             PyObject *type, *exc, *tb;
             PyErr_Fetch(&type, &exc, &tb);
-            if (PyList_Append(self->chunks, single) < 0) {
+            if (PyList_Append(chunks, single) < 0) {
                 Py_XDECREF(type);
                 Py_XDECREF(exc);
                 Py_XDECREF(tb);
@@ -169,37 +182,11 @@ static PyObject *after_read(H1Core *self, PyObject *single) {
             }
         }
         Py_DECREF(single);
-        if (yes < 0) return NULL;
-        /* if not self.complete: return */
-        if (yes && !self->complete) Py_RETURN_NONE;
-        goto after_feed;
     }
-    /* chunks = self.chunks */
-    PyObject *chunks = self->chunks;
-    /* if chunks and self.sink is not None and self.sink(b"".join(chunks)): */
-    if (chunks != NULL && PyList_CheckExact(chunks) && PyList_GET_SIZE(chunks) > 0 &&
-        self->sink != NULL && self->sink != Py_None) {
-        Py_INCREF(chunks);
-        PyObject *sink = Py_NewRef(self->sink);
-        PyObject *first = PyList_GET_ITEM(chunks, 0);
-        PyObject *body = PyList_GET_SIZE(chunks) == 1 && PyBytes_CheckExact(first)
-            ? Py_NewRef(first) /* what join returns for one piece */
-            : PyObject_CallMethodOneArg(EMPTY, str_join, chunks);
-        PyObject *took = body == NULL ? NULL : PyObject_CallOneArg(sink, body);
-        Py_XDECREF(body);
-        Py_DECREF(sink);
-        int yes = took == NULL ? -1 : PyObject_IsTrue(took);
-        Py_XDECREF(took);
-        if (yes > 0) {
-            /* chunks.clear() */
-            yes = PyList_SetSlice(chunks, 0, PyList_GET_SIZE(chunks), NULL) < 0 ? -1 : 1;
-        }
-        Py_DECREF(chunks);
-        if (yes < 0) return NULL;
-        /* if not self.complete: return */
-        if (yes && !self->complete) Py_RETURN_NONE;
-    }
-after_feed:
+    Py_XDECREF(chunks);
+    if (yes < 0) return NULL;
+    /* if not self.complete: return */
+    if (yes && !self->complete) Py_RETURN_NONE;
     /* self._after_feed() */
     r = call_method0((PyObject *)self, str_after_feed);
     if (r == NULL) return NULL;
@@ -422,7 +409,7 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
     char head[24];
     int head_len = hex_line(head, (size_t)n);
     /* if (fd is not None and not transport.is_closing()
-     *         and not transport.get_write_buffer_size()):  (the bound methods got once) */
+     *         and not transport.get_write_buffer_size()): */
     if (self->fd >= 0) {
         int past = called_false(self->transport, str_is_closing);
         if (past > 0) past = called_false(self->transport, str_held);
