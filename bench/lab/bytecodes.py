@@ -20,28 +20,38 @@ import asyncio
 import sys
 import threading
 from collections import Counter
-from types import FrameType
+from collections.abc import Callable, Hashable
+from types import CodeType, FrameType
 from typing import Any
 
 from bench.lab.telemetry_cost import SETUPS, run
 
 Counts = Counter[tuple[str, str]]  # (file, qualified function name) -> bytecodes
+Tracer = Callable[[FrameType, str, Any], Any]
 
 
-def count(setup: str, streams: int, tokens: int, stamped: bool) -> Counts:
-    """Bytecodes run by `bench.lab.telemetry_cost.run` for this setup and load."""
-    counts: Counts = Counter()
+def opcode_tracer(counts: Counter[Any], key: Callable[[CodeType], Hashable]) -> Tracer:
+    """A `sys.settrace` function counting every bytecode executed into `counts`, under
+    `key(code)` of the function it runs in."""
 
     def local(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "opcode":
-            code = frame.f_code
-            counts[code.co_filename.rsplit("/", 1)[-1], code.co_qualname] += 1
+            counts[key(frame.f_code)] += 1
         return local
 
     def call(frame: FrameType, event: str, arg: Any) -> Any:
         frame.f_trace_opcodes = True
         return local
 
+    return call
+
+
+def count(setup: str, streams: int, tokens: int, stamped: bool) -> Counts:
+    """Bytecodes run by `bench.lab.telemetry_cost.run` for this setup and load."""
+    counts: Counts = Counter()
+    call = opcode_tracer(
+        counts, lambda code: (code.co_filename.rsplit("/", 1)[-1], code.co_qualname)
+    )
     sys.settrace(call)
     threading.settrace(call)
     try:

@@ -11,8 +11,8 @@ How: the emulator runs natively; the sidecar runs with a `sys.settrace` tracer
 (`f_trace_opcodes`) that the parent switches on and off with SIGUSR1 and SIGUSR2 (the latter
 writes the counts as JSON). After a warm-up (pools, first calls, the paced path), two paced
 loads of N streams x T1 and N x T2 tokens (20 ms apart, as scenario a) give per function a
-line: bytecodes per token (the slope) and per stream (the rest). Deterministic within a few
-bytecodes; counts, not time, and only the interpreter's: the C behind a call is not counted
+line: bytecodes per token (the slope) and per stream (the rest). Steady within about 2% (a
+load opens more or fewer upstream connections); counts, not time, and only the interpreter's: the C behind a call is not counted
 (`bench.lab.instructions` counts that). For an A/B, run it from each tree.
 """
 
@@ -29,9 +29,9 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from bench.lab.bytecodes import opcode_tracer
 from bench.lab.instructions import DEFAULT_OTEL, loadgen
 from bench.targets import PY, ROOT, free_port, otlp_sink, wait_port
 
@@ -53,16 +53,10 @@ def serve(dump: str, argv: list[str]) -> None:
     """The sidecar (`python -m sidecar ARGV`) with the tracer on SIGUSR1, off and dumped to
     `dump` on SIGUSR2."""
     counts: Counts = Counter()
-
-    def local(frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode":
-            code = frame.f_code
-            counts[f"{code.co_filename.removeprefix(str(ROOT) + '/')}:{code.co_qualname}"] += 1
-        return local
-
-    def call(frame: FrameType, event: str, arg: Any) -> Any:
-        frame.f_trace_opcodes = True
-        return local
+    root = str(ROOT) + "/"
+    call = opcode_tracer(
+        counts, lambda code: f"{code.co_filename.removeprefix(root)}:{code.co_qualname}"
+    )
 
     def on(*_: Any) -> None:
         counts.clear()
