@@ -8,6 +8,9 @@ ratios from one run, over several repetitions: beside each median ratio stand a 
 interval of it and how many repetitions were below 1. With `--tokens 1000` the per-stream share
 is a fifth of scenario a's, so the ratio shows mostly what each token costs.
 
+`--flood` runs scenario b instead (64 streams, no pause between tokens, 3 s): CPU per token
+of a saturated proxy, in turns or `--together` as scenario a.
+
 `--together` runs the targets at the same time instead, each with its own upstream and
 load, all proxies on the proxy core: a neighbour's burst then lands on every target of a
 repetition alike, so the ratios spread several times less than in turns (for A/B work on
@@ -15,6 +18,7 @@ one part of the hot path). Its absolute figures are not scenario a's: the proxie
 core and its caches.
 
     python -m bench.paced --targets sidestream,sidestream+otel --reps 6 --tokens 1000
+    python -m bench.paced --together --flood --targets nginx,sidestream --reps 6
 """
 
 from __future__ import annotations
@@ -23,9 +27,8 @@ import argparse
 import statistics
 import sys
 
-from bench import scenarios
 from bench.report import median_interval
-from bench.run import rotate, telemetry_wired, together
+from bench.run import cpu_per_100k, rotate, telemetry_wired, together
 from bench.targets import PROXIES, otlp_sink, proxy_targets, session
 
 
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--together", action="store_true", help="run the targets at the same time (see above)"
     )
+    parser.add_argument("--flood", action="store_true", help="scenario b instead of a (see above)")
     parser.add_argument(
         "--stamp",
         choices=("content", "tail"),
@@ -61,13 +65,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for rep in range(args.reps):
             if args.together:
-                figures = together(rotate(targets, rep), sink_port, args.tokens, args.stamp)
+                order = rotate(targets, rep)
+                figures = together(order, sink_port, args.tokens, args.stamp, args.flood)
             else:
                 figures = {}
                 for target in rotate(targets, rep):
                     with session(target, sink_port) as s:
-                        run = scenarios.paced(s, tokens=args.tokens, stamp=args.stamp)
-                        figures[target] = run["a_cpu_100k"]
+                        figures[target] = cpu_per_100k(s, args.tokens, args.stamp, args.flood)
             base = figures[targets[0]]
             line = [f"rep {rep + 1}:"]
             for target in targets:
@@ -78,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                     line.append(f"({ratios[target][-1]:.2f}x)")
             print(" ".join(line), flush=True)
     when = "at the same time" if args.together else "in turns"
-    print(
-        f"\nscenario a, 50 streams x {args.tokens} tokens, {args.reps} repetitions, {when}, "
-        f"stamp in the {args.stamp}"
-    )
+    if args.flood:
+        shape = "scenario b, 64 streams with no pause between tokens, 3 s"
+    else:
+        shape = f"scenario a, 50 streams x {args.tokens} tokens, stamp in the {args.stamp}"
+    print(f"\n{shape}, {args.reps} repetitions, {when}")
     print(
         f"| target | CPU s per 100k tokens (median) | vs {targets[0]} (median of ratios) "
         "| 95% interval of that median | lower than the first target |"

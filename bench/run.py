@@ -30,6 +30,7 @@ from bench.targets import (
     PROXY_CORES,
     ROOT,
     TARGETS,
+    Session,
     nginx_binary,
     otlp_sink,
     session,
@@ -60,18 +61,20 @@ def rotate(items: list[str], n: int) -> list[str]:
     return items[n:] + items[:n]
 
 
-def together(targets: list[str], sink_port: int, tokens: int, stamp: str) -> dict[str, float]:
-    """Scenario a's CPU per 100k tokens of each target, all loaded at once (each with its own
-    upstream and load, the proxies sharing the proxy core): a neighbour's burst lands on every
-    target alike, so their ratio spreads several times less than in turns. Started in the
-    order given: callers rotate it per repetition, so no target always starts first."""
+def together(
+    targets: list[str], sink_port: int, tokens: int, stamp: str, flood: bool = False
+) -> dict[str, float]:
+    """Scenario a's CPU per 100k tokens of each target (scenario b's with `flood`), all loaded
+    at once (each with its own upstream and load, the proxies sharing the proxy core): a
+    neighbour's burst lands on every target alike, so their ratio spreads several times less
+    than in turns. Started in the order given: callers rotate it per repetition, so no target
+    always starts first."""
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
 
         def load(target: str) -> None:
-            run = scenarios.paced(sessions[target], tokens=tokens, stamp=stamp)
-            figures[target] = run["a_cpu_100k"]
+            figures[target] = cpu_per_100k(sessions[target], tokens, stamp, flood)
 
         threads = [threading.Thread(target=load, args=(t,)) for t in targets]
         for thread in threads:
@@ -81,6 +84,14 @@ def together(targets: list[str], sink_port: int, tokens: int, stamp: str) -> dic
     if len(figures) != len(targets):
         raise RuntimeError(f"a load failed: got figures for {sorted(figures)} only")
     return figures
+
+
+def cpu_per_100k(s: Session, tokens: int, stamp: str, flood: bool = False) -> float:
+    """One run of scenario a (`tokens` a stream), or of scenario b with `flood`: the proxy's
+    CPU seconds per 100k tokens."""
+    if flood:
+        return float(scenarios.flood(s)["b_cpu_100k"])
+    return float(scenarios.paced(s, tokens=tokens, stamp=stamp)["a_cpu_100k"])
 
 
 def telemetry_together(sink_port: int, reps: int) -> list[float]:

@@ -14,6 +14,8 @@ HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.p
 For A/B work on a change, `alt` and `alt+otel` are `sidestream` and `sidestream+otel` run from
 another sidestream tree, named by `BENCH_ALT` (e.g. a `git worktree` of another commit):
 `BENCH_ALT=/tmp/wt-old python -m bench.paced --together --targets alt+otel,sidestream+otel`.
+`BENCH_ALT_PYTHON` runs the alt targets on another interpreter (e.g. a virtualenv of another
+CPython build, with the alt tree installed in it): an A/B of interpreter builds.
 """
 
 from __future__ import annotations
@@ -240,7 +242,10 @@ class Session:
             env["SIDESTREAM_TELEMETRY_SINKS"] = sinks
         if usage is not None:  # the default is `force`
             env["SIDESTREAM_USAGE"] = usage
-        argv = [PY, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
+        # `BENCH_ALT_PYTHON`: the interpreter the alt targets run on (an A/B of interpreter
+        # builds), the benchmark's own when unset.
+        python = (os.environ.get("BENCH_ALT_PYTHON") or PY) if cwd != ROOT else PY
+        argv = [python, "-m", self.module, "--listen", f"127.0.0.1:{self.port}"]
         argv += ["--upstream", f"http://127.0.0.1:{self.upstream_port}"]
         argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1", *flags]
         return self.spawn(self.target, argv, PROXY_CORES, env, cwd)
