@@ -49,6 +49,7 @@ typedef struct {
     PyObject *scanner;
     PyObject *sending_since;
     PyObject *server_nowait;
+    Py_ssize_t slice_bytes;
     PyObject *times;
 } RelayCore;
 
@@ -244,7 +245,8 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
     }
     if (self->phase != BODY || self->reason != Py_None || self->sending_since != Py_None ||
         self->keepalive != Py_None || self->inflater != Py_None ||
-        self->server_nowait == Py_None)
+        self->server_nowait == Py_None ||
+        (0 < self->slice_bytes && self->slice_bytes < PyBytes_GET_SIZE(body)))
         Py_RETURN_FALSE;
     /* edit = self.edit */
     PyObject *edit = self->edit;
@@ -376,6 +378,7 @@ static PyMemberDef RelayCore_members[] = {
     {"chunks", T_PYSSIZET, offsetof(RelayCore, chunks), 0, NULL},
     {"last_chunk", T_DOUBLE, offsetof(RelayCore, last_chunk), 0, NULL},
     {"last_write", T_DOUBLE, offsetof(RelayCore, last_write), 0, NULL},
+    {"slice_bytes", T_PYSSIZET, offsetof(RelayCore, slice_bytes), 0, NULL},
     {NULL},
 };
 

@@ -87,6 +87,7 @@ class Relay(RelayCore):
         self.edit = None
         self.frame = None  # none learned (telemetry learns one)
         self.chunks = self.body_bytes = 0
+        self.slice_bytes = 0  # no bound (resume sets one: `_slices`)
 
     async def _send_other(self, message: Message) -> None:
         """Everything but a stream's body chunk (the response start, a plain response)."""
@@ -111,6 +112,9 @@ class Relay(RelayCore):
             raise asyncio.CancelledError
         body: bytes = message.get("body", b"")
         more = message.get("more_body", False)
+        if 0 < self.slice_bytes < len(body):
+            await self._slices(body, more)
+            return
         if self.inflater is not None:
             body = self.inflater.decompress(body) + (b"" if more else self.inflater.flush())
             message = {"type": "http.response.body", "body": body, "more_body": more}
@@ -136,6 +140,37 @@ class Relay(RelayCore):
             await self.downstream(message)
         finally:
             self.sending_since = None
+
+    async def _slices(self, body: bytes, more: bool) -> None:
+        """A chunk longer than `slice_bytes`, sent on in slices of at most that (cut after a
+        line end where the slice holds one), a loop turn between them.
+
+        For streams whose every event costs Python work on its way (resume's ids and store),
+        where a fast upstream's read of up to 256 KB of events, taken in at once for each of
+        many streams, held the loop for seconds from every other stream. The bound is on the
+        bytes as the app sent them: a compressed chunk inflates to more. While the rest waits,
+        `send_nowait` refuses (`sending_since`), so no later chunk overtakes it."""
+        size, start, end = self.slice_bytes, 0, len(body)
+        while start < end:
+            cut = min(start + size, end)
+            if cut < end:
+                line_end = body.rfind(b"\n", start, cut)
+                if line_end > start:
+                    cut = line_end + 1
+            piece = body[start:cut]
+            start = cut
+            message = {
+                "type": "http.response.body",
+                "body": piece,
+                "more_body": more or start < end,
+            }
+            await self.send(message)
+            if start < end:
+                self.sending_since = monotonic()
+                try:
+                    await asyncio.sleep(0)
+                finally:
+                    self.sending_since = None
 
     def _scan(self, body: bytes, now: float) -> None:
         scanner = self.scanner

@@ -84,6 +84,7 @@ class RelayCore:
         "scanner",
         "sending_since",
         "server_nowait",
+        "slice_bytes",
         "times",
     )
 
@@ -93,6 +94,7 @@ class RelayCore:
     keepalive: asyncio.Task[None] | None  # a keep-alive being written
     inflater: Decoder | None
     server_nowait: SendNowait | None  # the server's synchronous body write, if offered
+    slice_bytes: int  # 0, or a longer chunk is taken in slices (`relay.Relay._slices`)
     edit: Edit | None  # what the guard changes in the stream's bytes, if anything
     scanner: SSEScanner | None  # until the first token
     first_token_at: float | None
@@ -119,8 +121,8 @@ class RelayCore:
         """The `SEND_NOWAIT` extension: relay one more stream chunk now, or refuse (False)
         and let the app `send` it. Refused whenever `send` would do more than write: before
         the first body byte (BOM), while a `send` or a keep-alive is under way (its bytes
-        go first), with an inflater, once stopped, and whenever the server itself refuses
-        (flow control)."""
+        go first), with an inflater, once stopped, a chunk longer than `slice_bytes` (taken
+        in slices by `send`), and whenever the server itself refuses (flow control)."""
         if (
             self.phase is not BODY
             or self.reason is not None
@@ -128,6 +130,7 @@ class RelayCore:
             or self.keepalive is not None
             or self.inflater is not None
             or self.server_nowait is None
+            or 0 < self.slice_bytes < len(body)
         ):
             return False
         edit = self.edit

@@ -32,6 +32,10 @@ __all__ = ["Limits", "Resume"]
 
 logger = logging.getLogger("sidestream")
 STREAM_ID = b"sidestream-stream-id"
+# A resumable stream takes a longer chunk in slices of this size, a loop turn between them
+# (`Relay._slices`): every event of it gets an id and goes to the store, in Python, and a fast
+# upstream's many streams would otherwise hold the loop from all others for seconds.
+SLICE_BYTES = 8 * 1024
 
 
 def make_store(store: str | Store, limits: Limits) -> Store:
@@ -93,6 +97,7 @@ class Resume:
         self.live[stream_id] = producer
         cycle.resumable = producer
         cycle.edit = then(cycle.edit, producer.stamper)
+        cycle.slice_bytes = SLICE_BYTES
         start["headers"].append((STREAM_ID, stream_id.encode()))
 
     async def stop(self, stream_id: str) -> None:

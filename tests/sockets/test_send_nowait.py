@@ -485,3 +485,62 @@ async def test_with_telemetry_paced_tokens_are_counted_by_the_learned_frame(
     (stream,) = records
     stream.gaps.fold()
     assert stream.gaps.count == 29  # every token's time kept: 30 tokens, 29 gaps
+
+
+# --- resumable streams: a long chunk in slices ---------------------------------------------
+
+
+async def test_a_resumable_streams_long_chunk_goes_in_slices_that_nothing_overtakes() -> None:
+    """With resume on, a chunk longer than the slice bound (`SLICE_BYTES`) is refused by nowait
+    and written by `send` in slices of whole lines, each within the bound plus the ids the
+    stamper adds, in loop turns of their own; a nowait chunk offered between them is refused
+    (it would overtake the rest) and goes after it. Every event arrives once, in order, with
+    its id."""
+    from middleware.resume import SLICE_BYTES
+
+    server = Server()
+    events = [chunk(f"t{n:04d}") for n in range(3 * SLICE_BYTES // len(chunk("t0000")))]
+    during: list[bool] = []
+    turn = 0
+    turns: list[int] = []  # the loop turn each body piece was written in
+
+    def next_turn() -> None:
+        nonlocal turn
+        turn += 1
+        if turn < 1000:
+            asyncio.get_running_loop().call_soon(next_turn)
+
+    plain_send = server.send
+
+    async def send_counted(message: Message) -> None:
+        if message.get("body"):
+            turns.append(turn)
+        await plain_send(message)
+
+    server.send = send_counted  # type: ignore[method-assign]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nowait = app_nowait(scope)
+        await send(START)
+        await send(body(events[0]))
+        assert not nowait(b"".join(events[1:-1]))  # longer than the bound: refused
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: during.append(nowait(events[-1])))  # offered between slices
+        next_turn()
+        await send(body(b"".join(events[1:-1])))
+        if not during[0]:
+            await send(body(events[-1]))
+        await send(body(b"", more=False))
+
+    await drive(StreamGuard(app, resume=True), server)
+    assert during == [False]
+    sizes = [len(piece) for piece in server.wire if piece]
+    assert len(sizes) >= 5  # the first event, three slices or more, the last event
+    id_room = 64 * (SLICE_BYTES // len(events[0]) + 1)  # "id: <stream>:<n>\n" per event
+    assert max(sizes) <= SLICE_BYTES + id_room
+    slices = turns[1:-1]
+    assert len(set(slices)) == len(slices)  # each slice in a loop turn of its own
+    got = parse(b"".join(server.wire))
+    assert [data for _, data, _ in got] == [e[len(b"data: ") : -2].decode() for e in events]
+    ids = [int(last_id.rsplit(":", 1)[1]) for _, _, last_id in got]
+    assert ids == list(range(1, len(events) + 1))

@@ -179,7 +179,7 @@ def relay(twin: str, written: list[bytes], *, accept: bool = True, observed: boo
     r.phase = Phase.BODY
     r.reason = r.sending_since = r.keepalive = r.inflater = r.edit = r.scanner = None
     r.frame = None
-    r.chunks = r.body_bytes = 0
+    r.chunks = r.body_bytes = r.slice_bytes = 0
     r.first_token_at = None
     r.line_state = LineState.EVENT
     r.last_chunk = r.last_write = 0.0
@@ -225,6 +225,20 @@ def test_send_nowait_refuses_what_send_must_do(twin: str, field: str, value: obj
     setattr(r, field, value)
     assert r.send_nowait(b"data: x\n\n") is False
     assert written == [] and r.last_chunk == 0.0 and r.first_token_at is None
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_send_nowait_refuses_a_chunk_longer_than_the_slice_bound(twin: str) -> None:
+    """With `slice_bytes` set (resume's streams), a longer chunk is refused, for `send` to
+    take in slices, and one no longer is written; 0 bounds nothing."""
+    written: list[bytes] = []
+    r = relay(twin, written)
+    r.slice_bytes = 9
+    assert r.send_nowait(b"data: x\n\n") is True  # 9 bytes
+    assert r.send_nowait(b"data: xy\n\n") is False
+    assert written == [b"data: x\n\n"] and r.line_state is LineState.EVENT
+    r.slice_bytes = 0
+    assert r.send_nowait(b"data: xy\n\n") is True and written[-1] == b"data: xy\n\n"
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -284,7 +298,7 @@ def test_an_overridden_relayed_is_the_one_called(twin: str) -> None:
     r = Observed()
     for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner", "frame"):
         setattr(r, name, None)
-    r.phase, r.calls, r.server_nowait = Phase.BODY, [], lambda body: True
+    r.phase, r.calls, r.server_nowait, r.slice_bytes = Phase.BODY, [], lambda body: True, 0
     assert r.send_nowait(b"x")
     assert r.calls == [(b"x", r.last_write)]
 
