@@ -50,7 +50,10 @@ HOTSPOTS = {  # label: (module the caller looks it up in, class, function)
     "LocalCounter.add": ("middleware.telemetry.metrics", "LocalCounter", "add"),
     "DirectSpans.end": ("middleware.telemetry.direct", "DirectSpans", "end"),
     "Encoder.write (a span's OTLP)": ("middleware.telemetry.otlp_encoder", "Encoder", "write"),
-    "access log (Logger.handle)": ("logging", "Logger", "handle"),
+    "Summary.__init__": ("middleware.telemetry.summary", "Summary", "__init__"),
+    "SpanSink.emit": ("middleware.telemetry.sinks.span", "SpanSink", "emit"),
+    "MetricsSink.emit": ("middleware.telemetry.sinks.metrics", "MetricsSink", "emit"),
+    "AccessSink.emit": ("middleware.telemetry.sinks.access", "AccessSink", "emit"),
 }
 GC = ("gc gen0", "gc gen1", "gc gen2")  # the collector's passes during the load (gc.callbacks)
 
