@@ -544,3 +544,25 @@ async def test_a_resumable_streams_long_chunk_goes_in_slices_that_nothing_overta
     assert [data for _, data, _ in got] == [e[len(b"data: ") : -2].decode() for e in events]
     ids = [int(last_id.rsplit(":", 1)[1]) for _, _, last_id in got]
     assert ids == list(range(1, len(events) + 1))
+
+
+async def test_a_resumable_streams_single_long_event_is_cut_mid_line_and_arrives_whole() -> None:
+    """Rule: an event longer than the slice bound with no line end inside a slice (one long
+    data line: a tool call's arguments, say) is cut where the bound falls, and the reader gets
+    it whole, once, with one id, as if it had come in one piece."""
+    from middleware.resume import SLICE_BYTES
+
+    server = Server()
+    data = "x" * (3 * SLICE_BYTES + 17)
+    event = b"data: %b\n\n" % data.encode()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send(START)
+        await send(body(event))
+        await send(body(b"", more=False))
+
+    await drive(StreamGuard(app, resume=True), server)
+    pieces = [piece for piece in server.wire if piece]
+    assert len(pieces) >= 4 and max(map(len, pieces)) <= SLICE_BYTES + 64
+    ((_, got, last_id),) = parse(b"".join(server.wire))
+    assert got == data and last_id.endswith(":1")
