@@ -1,4 +1,4 @@
-"""`python -m bench.paced`: scenario a alone, repeated, for A/B work on CPU per token.
+"""`python -m bench.paced`: scenario a (or b, `--flood`) alone, repeated, for A/B work on CPU per token.
 
 `python -m bench` runs every scenario; this runs only the paced one (50 streams of `--tokens`
 tokens, 20 ms apart) for the chosen targets, each started afresh per repetition in an order
@@ -8,14 +8,14 @@ ratios from one run, over several repetitions: beside each median ratio stand a 
 interval of it and how many repetitions were below 1. With `--tokens 1000` the per-stream share
 is a fifth of scenario a's, so the ratio shows mostly what each token costs.
 
-`--flood` runs scenario b instead (64 streams, no pause between tokens, 3 s): CPU per token
-of a saturated proxy, in turns or `--together` as scenario a.
-
 `--together` runs the targets at the same time instead, each with its own upstream and
 load, all proxies on the proxy core: a neighbour's burst then lands on every target of a
 repetition alike, so the ratios spread several times less than in turns (for A/B work on
 one part of the hot path). Its absolute figures are not scenario a's: the proxies share the
 core and its caches.
+
+`--flood` runs scenario b instead (64 streams, no pause between tokens, 3 s): CPU per token
+of a saturated proxy, in turns or together as scenario a.
 
     python -m bench.paced --targets sidestream,sidestream+otel --reps 6 --tokens 1000
     python -m bench.paced --together --flood --targets nginx,sidestream --reps 6
