@@ -52,8 +52,8 @@ lint: $(STAMP) ## ruff format --check and ruff check.
 	$(BIN)/ruff check $(SRC)
 
 .PHONY: check
-check: lint ## lint, then mypy --strict on both packages.
-	$(BIN)/mypy middleware sidecar
+check: lint ## lint, then mypy --strict on both packages and the benchmark.
+	$(BIN)/mypy middleware sidecar bench
 
 .PHONY: fmt
 fmt: $(STAMP) ## Format and autofix with ruff.

@@ -12,12 +12,13 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 Rep = dict[str, dict[str, Any]]  # target -> figures of one repetition
 
 
-def _num(x: Any) -> bool:
+def _num(x: Any) -> TypeGuard[float]:
+    """A number to show (an int or float, not a bool, not NaN)."""
     return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
 
 
