@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable
 from types import CodeType, FrameType
 from typing import Any
 
+from bench.lab.instructions import line
 from bench.lab.telemetry_cost import SETUPS, run
 
 Counts = Counter[tuple[str, str]]  # (file, qualified function name) -> bytecodes
@@ -68,11 +69,11 @@ def rates(setup: str, stamped: bool) -> dict[tuple[str, str], tuple[float, float
     none = count(setup, 0, 5, stamped)  # run() always makes one warm-up stream
     short = count(setup, 10, 5, stamped)
     long = count(setup, 10, 105, stamped)
-    out = {}
-    for key in {*short, *long}:
-        per_token = (long[key] - short[key]) / (10 * 100)
-        out[key] = (per_token, (short[key] - none[key]) / 10 - 5 * per_token)
-    return out
+    # Both loads less the warm-up stream `run()` adds to each (`none`): the same line.
+    return {
+        k: line(short[k] - none[k], long[k] - none[k], 10, 5, 105)
+        for k in short.keys() | long.keys()
+    }
 
 
 def main() -> int:

@@ -49,6 +49,13 @@ def callgrind_total(paths: Iterable[Path]) -> int:
     )
 
 
+def line(a: float, b: float, streams: int, short: int, long: int) -> tuple[float, float]:
+    """Per token (the slope) and per stream (the rest) from the totals `a` and `b` of two loads
+    of `streams` streams, of `short` and `long` tokens each."""
+    per_token = (b - a) / (streams * (long - short))
+    return per_token, a / streams - short * per_token
+
+
 def collector(paths: Iterable[Path]) -> int:
     """Instructions inside the cyclic collector's passes (`gc_collect_main`, what it calls
     included) in these callgrind output files. Whether a pass lands in a load is chance: one
@@ -163,12 +170,6 @@ def main() -> int:
         f"{per_token:,.0f} per token, {per_stream:,.0f} per stream"
     )
     return 0
-
-
-def line(a: int, b: int, streams: int, short: int, long: int) -> tuple[float, float]:
-    """Per token (the slope) and per stream (the rest) from two loads' totals."""
-    per_token = (b - a) / (streams * (long - short))
-    return per_token, a / streams - short * per_token
 
 
 if __name__ == "__main__":

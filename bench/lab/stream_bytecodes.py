@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lab.bytecodes import opcode_tracer
-from bench.lab.instructions import DEFAULT_OTEL, loadgen
+from bench.lab.instructions import DEFAULT_OTEL, line, loadgen
 from bench.targets import PY, ROOT, free_port, otlp_sink, wait_port
 
 Counts = Counter[str]  # "file:qualified name" -> bytecodes
@@ -41,12 +41,9 @@ Counts = Counter[str]  # "file:qualified name" -> bytecodes
 def rates(short: Counts, long: Counts, streams: int, tokens: tuple[int, int]) -> dict[str, Any]:
     """Per function, (per token, per stream) from two loads of `streams` streams of
     `tokens[0]` and `tokens[1]` tokens: the slope, and the short load's rest per stream."""
-    t1, t2 = tokens
-    out = {}
-    for name in short.keys() | long.keys():
-        per_token = (long[name] - short[name]) / (streams * (t2 - t1))
-        out[name] = (per_token, short[name] / streams - t1 * per_token)
-    return out
+    return {
+        name: line(short[name], long[name], streams, *tokens) for name in short.keys() | long.keys()
+    }
 
 
 def serve(dump: str, argv: list[str]) -> None:
