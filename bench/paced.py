@@ -27,6 +27,7 @@ import argparse
 import statistics
 import sys
 
+from bench import scenarios
 from bench.report import median_interval
 from bench.run import cpu_per_100k, rotate, telemetry_wired, together
 from bench.targets import PROXIES, otlp_sink, proxy_targets, session
@@ -83,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(line), flush=True)
     when = "at the same time" if args.together else "in turns"
     if args.flood:
-        shape = "scenario b, 64 streams with no pause between tokens, 3 s"
+        shape = (
+            f"scenario b, {scenarios.FLOOD_STREAMS} streams with no pause between tokens, "
+            f"{scenarios.FLOOD_S:g} s"
+        )
     else:
         shape = f"scenario a, 50 streams x {args.tokens} tokens, stamp in the {args.stamp}"
     print(f"\n{shape}, {args.reps} repetitions, {when}")

@@ -28,6 +28,7 @@ from bench.procstat import Sampler, cpu_seconds, memory_kb
 from bench.targets import LOAD_CORES, PY, ROOT, Session, fetch, pin
 
 Figures = dict[str, Any]
+FLOOD_STREAMS, FLOOD_S = 64, 3.0  # scenario b's streams and seconds (the full run's)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -90,7 +91,7 @@ def paced(
     }
 
 
-def flood(s: Session, duration: float = 3.0, streams: int = 64) -> Figures:
+def flood(s: Session, duration: float = FLOOD_S, streams: int = FLOOD_STREAMS) -> Figures:
     cfg = dict(concurrency=streams, duration=duration, tokens=20000, itl_ms=0)
     records, _, cpu = _streams(s, cfg, timeout=duration + 60)
     got = sum(r[1] for r in records)
