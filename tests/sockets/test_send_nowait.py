@@ -18,6 +18,7 @@ import pytest
 from middleware.cycle import Cycle
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
+from middleware.resume import SLICE_BYTES
 from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send, SendNowait
 from sidecar.app import build_guard
 from sidecar.config import load
@@ -496,8 +497,6 @@ async def test_a_resumable_streams_long_chunk_goes_in_slices_that_nothing_overta
     stamper adds, in loop turns of their own; a nowait chunk offered between them is refused
     (it would overtake the rest) and goes after it. Every event arrives once, in order, with
     its id."""
-    from middleware.resume import SLICE_BYTES
-
     server = Server()
     events = [chunk(f"t{n:04d}") for n in range(3 * SLICE_BYTES // len(chunk("t0000")))]
     during: list[bool] = []
@@ -550,8 +549,6 @@ async def test_a_resumable_streams_single_long_event_is_cut_mid_line_and_arrives
     """Rule: an event longer than the slice bound with no line end inside a slice (one long
     data line: a tool call's arguments, say) is cut where the bound falls, and the reader gets
     it whole, once, with one id, as if it had come in one piece."""
-    from middleware.resume import SLICE_BYTES
-
     server = Server()
     data = "x" * (3 * SLICE_BYTES + 17)
     event = b"data: %b\n\n" % data.encode()
