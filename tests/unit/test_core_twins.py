@@ -706,6 +706,30 @@ class Past:
         self.written.append(data)
 
 
+class SlotPast:
+    """`Past` whose instances have no `__dict__`, as uvloop's transport: the compiled writer
+    calls the type's two methods, looked up once, rather than looking them up per chunk."""
+
+    __slots__ = ("closing", "held", "written")
+
+    def __init__(self, closing: bool = False, held: int = 0) -> None:
+        self.closing, self.held = closing, held
+        self.written: list[bytes] = []
+
+    is_closing = Past.is_closing
+    get_write_buffer_size = Past.get_write_buffer_size
+    write = Past.write
+
+
+class OtherSlotPast(SlotPast):
+    """A second such type: the writer remembers one type's methods at a time."""
+
+    __slots__ = ()
+
+    def get_write_buffer_size(self) -> int:
+        return self.held + 1  # always holds something: never written past
+
+
 @pytest.fixture
 def pair() -> Any:
     import socket
@@ -758,17 +782,38 @@ def test_a_chunk_goes_to_the_socket_itself_while_the_transport_holds_nothing(
 
 @pytest.mark.parametrize("twin", TWINS)
 @pytest.mark.parametrize("state", [{"held": 1}, {"closing": True}])
+@pytest.mark.parametrize("kind", [Past, SlotPast])
 def test_a_transport_holding_bytes_or_closing_writes_the_chunk_itself(
-    twin: str, state: dict[str, Any], pair: Any, monkeypatch: pytest.MonkeyPatch
+    twin: str, kind: Any, state: dict[str, Any], pair: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bytes held by the transport go first (the chunk after them, through it), and a
     closing transport's descriptor may be closed or given to another connection: the
-    transport's own `write` takes the chunk, nothing goes to the socket."""
+    transport's own `write` takes the chunk, nothing goes to the socket. Once it holds
+    nothing and is not closing, the next chunk goes to the socket: its state is asked per
+    chunk, whether its methods are looked up by name or once for its type."""
     ours, peer = pair
-    transport = Past(**state)
+    transport = kind(**state)
     write = past_writer(twin, transport, ours.fileno(), monkeypatch)
     assert write(b"x") is True
     assert transport.written == [b"1\r\nx\r\n"] and drain(peer) == b""
+    transport.held, transport.closing = 0, False
+    assert write(b"y") is True
+    assert transport.written == [b"1\r\nx\r\n"] and drain(peer) == b"1\r\ny\r\n"
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_writers_on_transports_of_two_types_each_ask_their_own(
+    twin: str, pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer made for a second transport type does not make the first type's writer ask
+    the second type's methods (nor the reverse): each transport's own answer decides."""
+    ours, peer = pair
+    first, other = SlotPast(), OtherSlotPast()
+    write_first = past_writer(twin, first, ours.fileno(), monkeypatch)
+    write_other = past_writer(twin, other, ours.fileno(), monkeypatch)
+    assert write_first(b"a") is True and write_other(b"b") is True and write_first(b"c") is True
+    assert drain(peer) == b"1\r\na\r\n1\r\nc\r\n"  # `other` always holds a byte
+    assert first.written == [] and other.written == [b"1\r\nb\r\n"]
 
 
 @pytest.mark.parametrize("twin", TWINS)
