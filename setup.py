@@ -33,6 +33,7 @@ setup(
             ("middleware.telemetry._gaps", "middleware/telemetry/_gaps.c"),
             ("sidecar._core", "sidecar/_core.c"),
             ("sidecar._heads", "sidecar/_heads.c"),
+            ("sidecar._uvread", "sidecar/_uvread.c"),
         ]
     ],
     cmdclass={"build_ext": OptionalBuildExt},

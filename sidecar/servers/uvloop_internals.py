@@ -1,6 +1,8 @@
-"""Every use of what uvloop does beyond its public interface: a response chunk written to
-the client's socket past uvloop's TCP transport, whenever the transport holds no bytes
-(`uvicorn_internals.nowait`, `sidecar/_core.c`'s `ChunkWriter`).
+"""Every use of what uvloop does beyond its public interface:
+- a response chunk written to the client's socket past uvloop's TCP transport, whenever the
+  transport holds no bytes (`uvicorn_internals.nowait`, `sidecar/_core.c`'s `ChunkWriter`);
+- an upstream connection's reads taking the GIL once rather than twice (`quiet_reads`,
+  `sidecar/_uvread.c`), below.
 
 Checked against uvloop 0.23 (`CHECKED`). Gate: `direct_fd(transport)` gives the socket's
 file descriptor only for uvloop's own `TCPTransport` (exactly: not TLS, not asyncio's, not
@@ -21,6 +23,22 @@ Why it holds, in uvloop's `handles/stream.pyx` and `basetransport.pyx`:
 Why: uvloop's write path for one chunk (its buffer list, `len`, `_fileno`, `_try_write`,
 `list.clear` called by name, `_on_write`) came to about 950 of the 4,532 CPU instructions the
 sidecar spent per relayed token (`python -m bench.lab.instructions`).
+
+The reads (`quiet_reads`). uvloop runs libuv with the GIL released, and each callback libuv
+makes takes it and gives it back. A read is two callbacks: uvloop's buffer callback
+(`__loop_alloc_buffer` in `loop.pyx`: hand out the loop's receive buffer, mark it in use;
+no Python) and the read callback (`__uv_stream_on_read`: the bytes to the protocol). With a
+token a read, the first one's GIL round trip was some 530 of the 3,690 CPU instructions the
+sidecar spent per token (`python -m bench.lab.instructions`). `_uvread.quiet` puts a buffer
+callback that does the same without the GIL in that stream's libuv slot. Why it holds:
+- the read callback takes the bytes from the loop's buffer (`_recv_buffer[:nread]`) and
+  marks it free (`__loop_free_buffer`), whoever handed it out;
+- the two callbacks run on the loop's thread, the only one that touches the buffer and its
+  mark, so the GIL guards nothing there;
+- uvloop puts its own callback back whenever it starts reading again (`resume_reading`,
+  `_start_reading`), and the callers ask again then (`H1Connection`);
+- `_uvread.c` checks every layout it reads before it writes the slot (its comment) and
+  leaves the slot alone otherwise: the stream then reads as it did, only slower.
 """
 
 from __future__ import annotations
@@ -29,6 +47,8 @@ import asyncio
 import functools
 import importlib
 import importlib.metadata
+
+from middleware.speedups import compiled
 
 CHECKED = {"0.23"}  # uvloop major.minor releases read against the rules above
 
@@ -66,3 +86,15 @@ def direct_fd(transport: asyncio.BaseTransport) -> int | None:
     sock = transport.get_extra_info("socket")
     fd = -1 if sock is None else sock.fileno()
     return fd if fd >= 0 else None
+
+
+_uvread = compiled("sidecar._uvread")
+
+
+def quiet_reads(transport: asyncio.BaseTransport, loop: asyncio.AbstractEventLoop) -> bool:
+    """Make `transport`'s reads take the GIL once (see the module), where the gate is open,
+    the C part is built and `transport` is reading on `loop`; True when they now do."""
+    tcp = _gated_type()
+    if tcp is None or type(transport) is not tcp or _uvread is None:
+        return False
+    return bool(_uvread.quiet(transport, loop))

@@ -26,6 +26,7 @@ import httptools
 from middleware.errors import UpstreamProtocolError
 from middleware.types import SendNowait
 from sidecar.headers import chunked, lower_names
+from sidecar.servers.uvloop_internals import quiet_reads
 from sidecar.speedups import H1Core
 from sidecar.upstream.types import Headers
 
@@ -102,6 +103,8 @@ class H1Connection(H1Core, asyncio.Protocol):
         self._informational = False
         self.chunk_end = self.at_boundary = False
         self._parser = httptools.HttpResponseParser(self) if method else None
+        if method and self.transport is not None:
+            quiet_reads(self.transport, self._loop)  # a read a token: see the function
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -210,8 +213,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         waiter: asyncio.Future[None] = self._loop.create_future()
         self.waiter = waiter
         if self.paused:
-            self.paused = False
-            self.transport.resume_reading()
+            self._resume()
         return waiter
 
     async def drain(self) -> None:
@@ -219,6 +221,12 @@ class H1Connection(H1Core, asyncio.Protocol):
         while self.write_paused and not self.dead:
             self._drain = self._loop.create_future()
             await self._drain
+
+    def _resume(self) -> None:
+        self.paused = False
+        assert self.transport is not None
+        self.transport.resume_reading()
+        quiet_reads(self.transport, self._loop)  # uvloop put its own buffer callback back
 
     def write(self, data: bytes) -> None:
         assert self.transport is not None
@@ -262,9 +270,7 @@ class H1Connection(H1Core, asyncio.Protocol):
             data = b"".join(chunks)  # one piece: returned as is, no copy
             chunks.clear()
             if self.paused:
-                self.paused = False
-                assert self.transport is not None
-                self.transport.resume_reading()
+                self._resume()
             future.set_result(data)
         elif self.complete:
             future.set_exception(StopAsyncIteration())

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
+import os
 import re
+import threading
 import tomllib
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +29,7 @@ import pytest
 import uvicorn
 import uvloop
 
+from middleware import speedups
 from middleware.registry import StreamRegistry
 from middleware.types import SEND_NOWAIT, Receive, Scope, Send
 from sidecar.app import build_guard
@@ -330,10 +334,14 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
     read for a while (the socket full, the rest held by the transport) arrive whole and in
     order either way."""
     from sidecar.servers.uvicorn_internals import nowait
+    from sidecar.upstream import h1
 
     given: list[int | None] = []
     real = nowait.direct_fd
     monkeypatch.setattr(nowait, "direct_fd", lambda t: given.append(real(t)) or given[-1])
+    quieted: list[bool] = []  # what each upstream `quiet_reads` said (see the next test)
+    real_quiet = h1.quiet_reads
+    monkeypatch.setattr(h1, "quiet_reads", lambda t, lp: quieted.append(real_quiet(t, lp)))
 
     async def main() -> tuple[bytes, bytes]:
         async with serve(make_app(stats=Stats())) as upstream:
@@ -354,6 +362,138 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
         quick, late = runner.run(main())
     assert complete(quick, 50) and complete(late, 20000)
     assert given and all((fd is not None) is gate for fd in given)
+    # The upstream's reads are quieted at each request and again after each pause (the slow
+    # client's stream pauses it), where the gate is open and the C part runs.
+    quiet = gate and uvloop_internals._uvread is not None
+    assert len(quieted) > 2 and all(said is quiet for said in quieted)
+
+
+def _uvread() -> Any:
+    """The compiled part of `quiet_reads`, whatever SIDESTREAM_NO_EXTENSIONS says (it decides
+    what runs, not what is checked here); None where it is not built."""
+    try:
+        return importlib.import_module("sidecar._uvread")
+    except ImportError:
+        return None
+
+
+def test_quiet_reads_run_only_where_the_compiled_core_does() -> None:
+    """With SIDESTREAM_NO_EXTENSIONS the reads are left as uvloop makes them (the public
+    path); without it the C part is built and in use."""
+    if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
+        assert uvloop_internals._uvread is None
+    else:
+        assert uvloop_internals._uvread is not None and uvloop_internals._uvread is _uvread()
+
+
+class Collect(asyncio.Protocol):
+    """A client protocol that keeps what it reads, and says when `size` bytes are in."""
+
+    def __init__(self, size: int) -> None:
+        self.got: list[bytes] = []
+        self.size = size
+        self.done = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.got.append(data)
+        if sum(map(len, self.got)) >= self.size and not self.done.done():
+            self.done.set_result(None)
+
+
+def _pattern(blocks: int) -> bytes:
+    return b"".join(bytes([i % 251]) * 1000 for i in range(blocks))
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["checked", "not-checked"])
+def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_holds(
+    gate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`quiet_reads` swaps uvloop's buffer callback for the GIL-free one on uvloop's TCP
+    transport, reading, on its own loop, with the gate open; it says no and leaves the slot
+    alone for a paused transport, another loop, asyncio's transport or a closed gate. uvloop
+    puts its own back when reading starts again, and a second swap is allowed. 3 MB read in
+    many reads across that, with another thread running Python meanwhile, arrive whole."""
+    built = _uvread()
+    if built is None:
+        pytest.fail("sidecar._uvread is not built")  # the C part must build wherever tests run
+    monkeypatch.setattr(uvloop_internals, "_uvread", built)
+    quiet = uvloop_internals.quiet_reads
+    blocks = 3000
+
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
+
+        async def serve_bytes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            data = _pattern(blocks)
+            for at in range(0, len(data), 10_000):
+                writer.write(data[at : at + 10_000])
+                await writer.drain()
+            await reader.read()  # until the client closes
+            writer.close()
+
+        server = await asyncio.start_server(serve_bytes, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, protocol = await loop.create_connection(
+            lambda: Collect(blocks * 1000), "127.0.0.1", port
+        )
+        await asyncio.sleep(0)  # uvloop starts reading after connection_made
+        seen = [quiet(transport, loop), built.quieted(transport), quiet(transport, loop)]
+        other = uvloop.new_event_loop()
+        transport.pause_reading()
+        seen += [quiet(transport, loop)]  # not reading: no slot to swap
+        transport.resume_reading()
+        seen += [built.quieted(transport), quiet(transport, other), built.quieted(transport)]
+        seen += [quiet(transport, loop), built.quieted(transport)]
+        other.close()
+        stop = False
+
+        def busy() -> None:  # Python on another thread while the loop reads without the GIL
+            while not stop:
+                sum(range(1000))
+
+        thread = threading.Thread(target=busy)
+        thread.start()
+        try:
+            for _ in range(5):  # pause and resume along the way, swapping again each time
+                await asyncio.sleep(0.01)
+                transport.pause_reading()
+                await asyncio.sleep(0.01)
+                transport.resume_reading()
+                quiet(transport, loop)
+            await asyncio.wait_for(protocol.done, 20)
+        finally:
+            stop = True
+            thread.join()
+        transport.close()
+        server.close()
+        await server.wait_closed()
+        assert b"".join(protocol.got) == _pattern(blocks)
+        assert len(protocol.got) > 5
+        return seen
+
+    with uvloop_gate(gate), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        seen = runner.run(main())
+    if gate:
+        # swapped, and so it stays; paused: no; resumed: uvloop's again; another loop: no
+        assert seen == [True, True, True, False, False, False, False, True, True]
+    else:
+        assert seen == [False, False, False, False, False, False, False, False, False]
+    with asyncio.Runner() as runner:  # asyncio's own loop and transport: never
+
+        async def plain() -> bool:
+            loop = asyncio.get_running_loop()
+            accepted: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+            server = await asyncio.start_server(lambda r, w: accepted.set_result(w), "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+            said = quiet(transport, loop)
+            transport.close()
+            (await asyncio.wait_for(accepted, 5)).close()
+            server.close()
+            await server.wait_closed()
+            return said
+
+        assert runner.run(plain()) is False
 
 
 # --- hypercorn -----------------------------------------------------------------------------
