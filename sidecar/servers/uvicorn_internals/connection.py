@@ -23,10 +23,10 @@ from sidecar.speedups import heads
 def _addresses(
     transport: asyncio.Transport,
 ) -> tuple[tuple[str, int | None] | None, tuple[str, int] | None]:
-    """uvicorn's `get_local_addr` and `get_remote_addr`, from the addresses the event loop
-    read at accept (uvloop and asyncio keep them in the transport's extra info): uvicorn's
-    ask the socket again, each through a socket object made for the question. An address
-    that is not a (host, port, ...) tuple (a Unix socket's) is left to uvicorn's."""
+    """uvicorn's `get_local_addr` and `get_remote_addr`, from the transport's extra info
+    (asyncio's keeps the addresses read at accept; uvloop's asks the socket, a system call
+    each, as uvicorn's do): uvicorn's go through a socket object made for the question. An
+    address that is not a (host, port, ...) tuple (a Unix socket's) is left to uvicorn's."""
     local, remote = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
     if isinstance(local, tuple) and isinstance(remote, tuple):
         return local[:2], remote[:2]
