@@ -72,6 +72,11 @@ static int whole_chunks(PyObject *data, PyObject *chunks, PyObject **single) {
             Py_ssize_t start = line + 2, stop = start + size;
             /* if size == 0 or data[stop : stop + 2] != b"\r\n": return None */
             if (size == 0 || stop + 2 > end || b[stop] != '\r' || b[stop + 1] != '\n') return 0;
+            if (pass == 0 && at == 0 && stop + 2 == end && single != NULL) {
+                /* the read is one whole chunk (a token, usually): checked, and taken, at once */
+                *single = PyBytes_FromStringAndSize((const char *)b + start, size);
+                return *single == NULL ? -1 : 1;
+            }
             if (pass == 0) count++;
             else {
                 /* pieces.append(data[start:stop]) */
