@@ -351,13 +351,9 @@ static int field_true(PyObject *obj, Py_ssize_t slot, PyObject *name) {
 /* `b"%x\r\n" % n` into `out` (room for 24 bytes); returns its length */
 static int hex_line(char *out, size_t n) {
     static const char digits[] = "0123456789abcdef";
-    char tmp[16];
-    int len = 0;
-    do {
-        tmp[len++] = digits[n & 15];
-        n >>= 4;
-    } while (n);
-    for (int i = 0; i < len; i++) out[i] = tmp[len - 1 - i];
+    int len = 1; /* digits: written from the last, in place */
+    for (size_t rest = n >> 4; rest; rest >>= 4) len++;
+    for (int i = len - 1; i >= 0; i--, n >>= 4) out[i] = digits[n & 15];
     out[len] = '\r';
     out[len + 1] = '\n';
     return len + 2;
