@@ -898,6 +898,36 @@ def test_a_read_the_sink_takes_goes_no_further(twin: str) -> None:
     assert taken == [b"abcd"] and c.chunks == [] and c.events == [] and c.received is True
 
 
+@pytest.mark.parametrize("relay_twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_relays_send_nowait_as_the_sink_takes_or_refuses_each_read(
+    twin: str, relay_twin: str
+) -> None:
+    """With the relay's `send_nowait` as the sink, as the proxy sets it (the compiled
+    connection calls a compiled relay's function directly): a whole chunk it takes is
+    written and goes no further; one it refuses is left for the reader. A sink set later
+    in its place is the one called."""
+    written: list[bytes] = []
+    r = relay(relay_twin, written)
+    c = connection(twin, sink=r.send_nowait)
+    c._parser = Parser(c, [], AssertionError("the parser was fed"))
+    c.at_boundary = True
+    c.data_received(b"5\r\nhello\r\n")
+    assert written == [b"hello"] and c.chunks == [] and c.events == []
+    r.sending_since = 1.0  # a send under way: it refuses
+    c.data_received(b"3\r\nabc\r\n")
+    assert written == [b"hello"] and c.events == [("after", [b"abc"])]
+    c.chunks.clear()
+    taken: list[bytes] = []
+    c.sink = lambda body: taken.append(body) or True
+    c.data_received(b"2\r\nok\r\n")
+    assert taken == [b"ok"] and written == [b"hello"]
+    c.sink = r.send_nowait
+    r.sending_since = None
+    c.data_received(b"1\r\n!\r\n")
+    assert written == [b"hello", b"!"] and taken == [b"ok"]
+
+
 @pytest.mark.parametrize("twin", TWINS)
 def test_a_refused_or_sinkless_read_goes_to_after_feed(twin: str) -> None:
     """The sink refusing, or no sink, leaves the pieces for `_after_feed` (the reader)."""
