@@ -1,8 +1,8 @@
 """Every use of what uvloop does beyond its public interface:
 - a response chunk written to the client's socket past uvloop's TCP transport, whenever the
   transport holds no bytes (`uvicorn_internals.nowait`, `sidecar/_core.c`'s `ChunkWriter`);
-- an upstream connection's reads taking the GIL once rather than twice (`quiet_reads`,
-  `sidecar/_uvread.c`), below.
+- an upstream connection's reads taking the GIL once rather than twice, and handing their
+  bytes to `H1Core.data_received` in fewer steps (`quiet_reads`, `sidecar/_uvread.c`), below.
 
 Checked against uvloop 0.23 (`CHECKED`). Gate: `direct_fd(transport)` gives the socket's
 file descriptor only for uvloop's own `TCPTransport` (exactly: not TLS, not asyncio's, not
@@ -39,6 +39,23 @@ callback that does the same without the GIL in that stream's libuv slot. Why it 
   `_start_reading`), and the callers ask again then (`H1Connection`);
 - `_uvread.c` checks every layout it reads before it writes the slot (its comment) and
   leaves the slot alone otherwise: the stream then reads as it did, only slower.
+
+Given the protocol too, the read callback is swapped as well, when the protocol's
+`data_received` is a C function of one argument (`H1Core`'s): uvloop's (enter the
+transport's context, slice the buffer, call the bound method through Cython's generic call,
+leave the context) came to about 330 instructions a token, and to three objects touched per
+token besides the protocol (the transport's context, the bound method, its arguments), each
+cold by then (`python -m bench.lab.perfdiff`). Why it holds:
+- the bytes are the buffer's first `nread`, as uvloop's slice; the buffer is marked free
+  first, as uvloop does;
+- reads with no bytes (EAGAIN, EOF, an error), and a transport whose protocol was changed,
+  go to uvloop's own callback, as before;
+- `data_received` is not run in the transport's context: `H1Core`'s reads no context
+  variable (nor does what it calls: the relay, the writer, telemetry's per-chunk count);
+- when it raises, the exception goes to the loop's exception handler, as uvloop's
+  `_fatal_error` sends it, and uvloop's callback is told of a read error
+  (`ECONNABORTED`), which closes the transport and gives `connection_lost` that error: an
+  error, as through uvloop, never None (which `H1Connection` would take as a clean end).
 """
 
 from __future__ import annotations
@@ -91,10 +108,18 @@ def direct_fd(transport: asyncio.BaseTransport) -> int | None:
 _uvread = compiled("sidecar._uvread")
 
 
-def quiet_reads(transport: asyncio.BaseTransport, loop: asyncio.AbstractEventLoop) -> bool:
+def quiet_reads(
+    transport: asyncio.BaseTransport,
+    loop: asyncio.AbstractEventLoop,
+    protocol: asyncio.Protocol | None = None,
+) -> bool:
     """Make `transport`'s reads take the GIL once (see the module), where the gate is open,
-    the C part is built and `transport` is reading on `loop`; True when they now do."""
+    the C part is built and `transport` is reading on `loop`; True when they now do. With
+    its `protocol` (a plain one, whose `data_received` is a C function: `H1Core`'s), each
+    read's bytes also go to it in fewer steps."""
     tcp = _gated_type()
     if tcp is None or type(transport) is not tcp or _uvread is None:
         return False
-    return bool(_uvread.quiet(transport, loop))
+    if protocol is None or isinstance(protocol, asyncio.BufferedProtocol):
+        return bool(_uvread.quiet(transport, loop))
+    return bool(_uvread.quiet(transport, loop, protocol))

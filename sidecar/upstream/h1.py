@@ -104,7 +104,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.chunk_end = self.at_boundary = False
         self._parser = httptools.HttpResponseParser(self) if method else None
         if method and self.transport is not None:
-            quiet_reads(self.transport, self._loop)  # a read a token: see the function
+            quiet_reads(self.transport, self._loop, self)  # a read a token: see the function
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -226,7 +226,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.paused = False
         assert self.transport is not None
         self.transport.resume_reading()
-        quiet_reads(self.transport, self._loop)  # uvloop put its own buffer callback back
+        quiet_reads(self.transport, self._loop, self)  # uvloop put its own callbacks back
 
     def write(self, data: bytes) -> None:
         assert self.transport is not None

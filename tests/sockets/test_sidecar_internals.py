@@ -340,8 +340,15 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
     real = nowait.direct_fd
     monkeypatch.setattr(nowait, "direct_fd", lambda t: given.append(real(t)) or given[-1])
     quieted: list[bool] = []  # what each upstream `quiet_reads` said (see the next test)
+
+    def both(transport: Any) -> bool:  # and both callbacks are ours
+        assert uvloop_internals._uvread is not None
+        return bool(uvloop_internals._uvread.quieted(transport) == (True, True))
+
     real_quiet = h1.quiet_reads
-    monkeypatch.setattr(h1, "quiet_reads", lambda t, lp: quieted.append(real_quiet(t, lp)))
+    monkeypatch.setattr(
+        h1, "quiet_reads", lambda t, lp, p: quieted.append(real_quiet(t, lp, p) and both(t))
+    )
 
     async def main() -> tuple[bytes, bytes]:
         async with serve(make_app(stats=Stats())) as upstream:
@@ -363,7 +370,7 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
     assert complete(quick, 50) and complete(late, 20000)
     assert given and all((fd is not None) is gate for fd in given)
     # The upstream's reads are quieted at each request and again after each pause (the slow
-    # client's stream pauses it), where the gate is open and the C part runs.
+    # client's stream pauses it), both callbacks, where the gate is open and the C part runs.
     quiet = gate and uvloop_internals._uvread is not None
     assert len(quieted) > 2 and all(said is quiet for said in quieted)
 
@@ -437,13 +444,15 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
             lambda: Collect(blocks * 1000), "127.0.0.1", port
         )
         await asyncio.sleep(0)  # uvloop starts reading after connection_made
-        seen = [quiet(transport, loop), built.quieted(transport), quiet(transport, loop)]
+        seen = [quiet(transport, loop), built.quieted(transport)[0], quiet(transport, loop)]
         other = uvloop.new_event_loop()
         transport.pause_reading()
         seen += [quiet(transport, loop)]  # not reading: no slot to swap
         transport.resume_reading()
-        seen += [built.quieted(transport), quiet(transport, other), built.quieted(transport)]
-        seen += [quiet(transport, loop), built.quieted(transport)]
+        seen += [built.quieted(transport)[0], quiet(transport, other), built.quieted(transport)[0]]
+        seen += [quiet(transport, loop, protocol), built.quieted(transport)[0]]
+        # A protocol whose `data_received` is Python's keeps uvloop's read callback.
+        seen += [built.quieted(transport)[1]]
         other.close()
         stop = False
 
@@ -475,9 +484,9 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
         seen = runner.run(main())
     if gate:
         # swapped, and so it stays; paused: no; resumed: uvloop's again; another loop: no
-        assert seen == [True, True, True, False, False, False, False, True, True]
+        assert seen == [True, True, True, False, False, False, False, True, True, False]
     else:
-        assert seen == [False, False, False, False, False, False, False, False, False]
+        assert seen == [False] * 10
     with asyncio.Runner() as runner:  # asyncio's own loop and transport: never
 
         async def plain() -> bool:
@@ -494,6 +503,125 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
             return said
 
         assert runner.run(plain()) is False
+
+
+def _core_protocol(core: Any) -> Any:
+    """A protocol on the compiled `H1Core`, as `H1Connection` is: each read of whole chunks
+    goes to its sink; a read with no parser calls `abort`, which raises here."""
+
+    class Chunks(core.H1Core, asyncio.Protocol):  # type: ignore[misc, name-defined]
+        __slots__ = ("got", "half", "lost")
+
+        def __init__(self) -> None:
+            self.got: list[bytes] = []
+            self.half = asyncio.Event()  # 100 chunks in
+            self.chunks, self.complete, self.received = [], False, False
+            self.at_boundary = self.chunk_end = True
+            self._parser = object()  # never fed: every read is whole chunks
+            self.sink = self.take
+            self.lost = asyncio.get_running_loop().create_future()
+
+        def take(self, body: bytes) -> bool:
+            self.got.append(body)
+            if len(self.got) == 100:
+                self.half.set()
+            return True
+
+        def abort(self) -> None:
+            raise RuntimeError("boom")  # what `data_received` raises when given no parser
+
+        def _after_feed(self) -> None:
+            pass
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.lost.set_result(exc)
+
+    return Chunks()
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["checked", "not-checked"])
+def test_a_quiet_read_callback_hands_each_read_to_data_received_and_leaves_the_rest(
+    gate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the read callback swapped too (a protocol whose `data_received` is `H1Core`'s),
+    200 chunks written one by one arrive whole and in order, across a pause (after which
+    uvloop's callbacks are back until swapped again); the upstream's close ends the
+    connection as uvloop ends it (`connection_lost(None)`). When `data_received` raises, the
+    exception goes to the loop's handler and `connection_lost` gets an error, as through
+    uvloop's own callback (which passes the exception itself; the swapped one, a
+    ConnectionAbortedError): never None, which would read as a clean end."""
+    built = _uvread()
+    if built is None:
+        pytest.fail("sidecar._uvread is not built")
+    core = importlib.import_module("sidecar._core")
+    monkeypatch.setattr(uvloop_internals, "_uvread", built)
+
+    async def main() -> tuple[list[Any], Any, Any, list[dict[str, Any]]]:
+        loop = asyncio.get_running_loop()
+        handled: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: handled.append(context))
+        chunks = [b"%d:%s" % (i, b"x" * (i % 50)) for i in range(200)]
+        go = asyncio.Event()
+
+        async def serve_chunks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for chunk in chunks[:100]:
+                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await writer.drain()
+                await asyncio.sleep(0.001)  # a read each
+            await go.wait()
+            for chunk in chunks[100:]:
+                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            writer.close()
+
+        server = await asyncio.start_server(serve_chunks, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, protocol = await loop.create_connection(
+            lambda: _core_protocol(core), "127.0.0.1", port
+        )
+        await asyncio.sleep(0)
+        seen = [uvloop_internals.quiet_reads(transport, loop, protocol), built.quieted(transport)]
+        await asyncio.wait_for(protocol.half.wait(), 10)
+        transport.pause_reading()
+        transport.resume_reading()
+        seen += [built.quieted(transport)]
+        uvloop_internals.quiet_reads(transport, loop, protocol)
+        seen += [built.quieted(transport)]
+        go.set()
+        ended = await asyncio.wait_for(protocol.lost, 10)
+        server.close()
+        await server.wait_closed()
+
+        # A read that makes `data_received` raise
+        async def one_byte(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"x")
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(one_byte, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, failing = await loop.create_connection(
+            lambda: _core_protocol(core), "127.0.0.1", port
+        )
+        failing._parser = None
+        uvloop_internals.quiet_reads(transport, loop, failing)
+        failed = await asyncio.wait_for(failing.lost, 10)
+        server.close()
+        await server.wait_closed()
+        assert protocol.got == chunks
+        return seen, ended, failed, handled
+
+    with uvloop_gate(gate), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        seen, ended, failed, handled = runner.run(main())
+    if gate:
+        assert seen == [True, (True, True), (False, False), (True, True)]
+    else:
+        assert seen == [False, (False, False), (False, False), (False, False)]
+    assert ended is None
+    # Which callback ran: the swapped one closes with a read error, uvloop's with the exception.
+    assert isinstance(failed, ConnectionAbortedError if gate else RuntimeError)
+    assert [str(c.get("exception")) for c in handled] == ["boom"]
 
 
 # --- hypercorn -----------------------------------------------------------------------------
