@@ -564,15 +564,15 @@ def test_a_quiet_read_callback_hands_each_read_to_data_received_and_leaves_the_r
         go = asyncio.Event()
 
         async def serve_chunks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            for chunk in chunks[:100]:
-                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await writer.drain()
-                await asyncio.sleep(0.001)  # a read each
-            await go.wait()
-            for chunk in chunks[100:]:
-                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await writer.drain()
-                await asyncio.sleep(0.001)
+            async def send(part: list[bytes]) -> None:
+                for chunk in part:
+                    writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    await writer.drain()
+                    await asyncio.sleep(0.001)  # a read each
+
+            await send(chunks[:100])
+            await go.wait()  # the first half read, the reading paused and resumed
+            await send(chunks[100:])
             writer.close()
 
         server = await asyncio.start_server(serve_chunks, "127.0.0.1", 0)
