@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib
 import logging
 import os
 import re
@@ -42,6 +41,7 @@ from sidecar.upstream import httpcore_internals
 from sidecar.upstream.pools import make_pool
 from sidecar.upstream.types import Upstream
 from tests.support.clients import connection, read_response, request
+from tests.support.compiled import built
 from tests.support.servers import bound_socket, serve, wait_listening
 from tests.support.sseparse import parse
 
@@ -375,22 +375,15 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
     assert len(quieted) > 2 and all(said is quiet for said in quieted)
 
 
-def _uvread() -> Any:
-    """The compiled part of `quiet_reads`, whatever SIDESTREAM_NO_EXTENSIONS says (it decides
-    what runs, not what is checked here); None where it is not built."""
-    try:
-        return importlib.import_module("sidecar._uvread")
-    except ImportError:
-        return None
-
-
 def test_quiet_reads_run_only_where_the_compiled_core_does() -> None:
     """With SIDESTREAM_NO_EXTENSIONS the reads are left as uvloop makes them (the public
     path); without it the C part is built and in use."""
     if os.environ.get(speedups.DISABLE, "") not in ("", "0"):
         assert uvloop_internals._uvread is None
     else:
-        assert uvloop_internals._uvread is not None and uvloop_internals._uvread is _uvread()
+        assert uvloop_internals._uvread is not None and uvloop_internals._uvread is built(
+            "sidecar._uvread"
+        )
 
 
 class Collect(asyncio.Protocol):
@@ -420,10 +413,10 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
     alone for a paused transport, another loop, asyncio's transport or a closed gate. uvloop
     puts its own back when reading starts again, and a second swap is allowed. 3 MB read in
     many reads across that, with another thread running Python meanwhile, arrive whole."""
-    built = _uvread()
-    if built is None:
+    uvread = built("sidecar._uvread")
+    if uvread is None:
         pytest.fail("sidecar._uvread is not built")  # the C part must build wherever tests run
-    monkeypatch.setattr(uvloop_internals, "_uvread", built)
+    monkeypatch.setattr(uvloop_internals, "_uvread", uvread)
     quiet = uvloop_internals.quiet_reads
     blocks = 3000
 
@@ -443,16 +436,17 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
         transport, protocol = await loop.create_connection(
             lambda: Collect(blocks * 1000), "127.0.0.1", port
         )
-        await asyncio.sleep(0)  # uvloop starts reading after connection_made
-        seen = [quiet(transport, loop), built.quieted(transport)[0], quiet(transport, loop)]
+        seen = [quiet(transport, loop, protocol), uvread.quieted(transport)[0]]
+        seen += [quiet(transport, loop, protocol)]
         other = uvloop.new_event_loop()
         transport.pause_reading()
-        seen += [quiet(transport, loop)]  # not reading: no slot to swap
+        seen += [quiet(transport, loop, protocol)]  # not reading: no slot to swap
         transport.resume_reading()
-        seen += [built.quieted(transport)[0], quiet(transport, other), built.quieted(transport)[0]]
-        seen += [quiet(transport, loop, protocol), built.quieted(transport)[0]]
+        seen += [uvread.quieted(transport)[0], quiet(transport, other, protocol)]
+        seen += [uvread.quieted(transport)[0]]
+        seen += [quiet(transport, loop, protocol), uvread.quieted(transport)[0]]
         # A protocol whose `data_received` is Python's keeps uvloop's read callback.
-        seen += [built.quieted(transport)[1]]
+        seen += [uvread.quieted(transport)[1]]
         other.close()
         stop = False
 
@@ -468,7 +462,7 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
                 transport.pause_reading()
                 await asyncio.sleep(0.01)
                 transport.resume_reading()
-                quiet(transport, loop)
+                quiet(transport, loop, protocol)
             await asyncio.wait_for(protocol.done, 20)
         finally:
             stop = True
@@ -494,8 +488,8 @@ def test_an_upstream_reads_buffer_callback_is_swapped_only_where_every_check_hol
             accepted: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
             server = await asyncio.start_server(lambda r, w: accepted.set_result(w), "127.0.0.1", 0)
             port = server.sockets[0].getsockname()[1]
-            transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
-            said = quiet(transport, loop)
+            transport, protocol = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+            said = quiet(transport, loop, protocol)
             transport.close()
             (await asyncio.wait_for(accepted, 5)).close()
             server.close()
@@ -550,11 +544,11 @@ def test_a_quiet_read_callback_hands_each_read_to_data_received_and_leaves_the_r
     exception goes to the loop's handler and `connection_lost` gets an error, as through
     uvloop's own callback (which passes the exception itself; the swapped one, a
     ConnectionAbortedError): never None, which would read as a clean end."""
-    built = _uvread()
-    if built is None:
+    uvread = built("sidecar._uvread")
+    if uvread is None:
         pytest.fail("sidecar._uvread is not built")
-    core = importlib.import_module("sidecar._core")
-    monkeypatch.setattr(uvloop_internals, "_uvread", built)
+    core = built("sidecar._core")
+    monkeypatch.setattr(uvloop_internals, "_uvread", uvread)
 
     async def main() -> tuple[list[Any], Any, Any, list[dict[str, Any]]]:
         loop = asyncio.get_running_loop()
@@ -580,14 +574,13 @@ def test_a_quiet_read_callback_hands_each_read_to_data_received_and_leaves_the_r
         transport, protocol = await loop.create_connection(
             lambda: _core_protocol(core), "127.0.0.1", port
         )
-        await asyncio.sleep(0)
-        seen = [uvloop_internals.quiet_reads(transport, loop, protocol), built.quieted(transport)]
+        seen = [uvloop_internals.quiet_reads(transport, loop, protocol), uvread.quieted(transport)]
         await asyncio.wait_for(protocol.half.wait(), 10)
         transport.pause_reading()
         transport.resume_reading()
-        seen += [built.quieted(transport)]
+        seen += [uvread.quieted(transport)]
         uvloop_internals.quiet_reads(transport, loop, protocol)
-        seen += [built.quieted(transport)]
+        seen += [uvread.quieted(transport)]
         go.set()
         ended = await asyncio.wait_for(protocol.lost, 10)
         server.close()

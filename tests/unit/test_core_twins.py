@@ -8,7 +8,6 @@ one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from itertools import pairwise
@@ -25,21 +24,13 @@ from middleware.sse import LineState, advance
 from middleware.telemetry import gaps
 from sidecar.servers.uvicorn_internals import nowait
 from sidecar.upstream import h1core
+from tests.support.compiled import built
 
-
-def _built(name: str) -> Any:
-    """The compiled twin, whatever the switch says (it decides what runs, not what exists)."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-compiled_relay = _built("middleware._relaycore")
-compiled_frame = _built("middleware._frame")
-compiled_sidecar = _built("sidecar._core")
-compiled_gaps = _built("middleware.telemetry._gaps")
-compiled_heads = _built("sidecar._heads")
+compiled_relay = built("middleware._relaycore")
+compiled_frame = built("middleware._frame")
+compiled_sidecar = built("sidecar._core")
+compiled_gaps = built("middleware.telemetry._gaps")
+compiled_heads = built("sidecar._heads")
 TWINS = ["python", "compiled"]
 
 
