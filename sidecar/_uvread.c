@@ -5,12 +5,12 @@
  * and drops it again (`with gil`). For each read libuv makes two: the buffer callback
  * (`__loop_alloc_buffer`) and the read callback (`__uv_stream_on_read`).
  * - The first does no Python at all: it hands out the loop's one receive buffer and marks
- *   it in use. `quiet(transport, loop)` puts this file's `quiet_alloc`, which does the same
- *   without the GIL, in that stream's buffer slot.
+ *   it in use. `quiet(transport, loop, protocol)` puts this file's `quiet_alloc`, which
+ *   does the same without the GIL, in that stream's buffer slot.
  * - The second enters the transport's context, slices the buffer into bytes and calls the
- *   protocol's bound `data_received` through Cython's generic call. With a third argument,
- *   the protocol, whose `data_received` is a C function of one argument (`H1Core`'s),
- *   `quiet` also puts `quiet_read` in the read slot: it calls that function directly, and
+ *   protocol's bound `data_received` through Cython's generic call. When the protocol's
+ *   `data_received` is a C function of one argument (`H1Core`'s), `quiet` also puts
+ *   `quiet_read` in the read slot: it calls that function directly, and
  *   leaves everything else (no bytes, another protocol) to uvloop's own callback.
  *
  * Every layout it reads is checked before a slot is written, or nothing is written:
@@ -209,8 +209,8 @@ static int learn(uv_stream_head *stream, PyObject *loop) {
 
 static PyObject *quiet(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 && nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "quiet(transport, loop[, protocol])");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "quiet(transport, loop, protocol)");
         return NULL;
     }
     if (Py_TYPE(args[0])->tp_basicsize < (Py_ssize_t)sizeof(uv_handle_obj)) Py_RETURN_FALSE;
@@ -229,7 +229,7 @@ static PyObject *quiet(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
     /* The read callback only behind the buffer callback: it frees the buffer as that
      * callback hands it out (`in_use`), both learned. */
-    if (nargs == 3) quiet_reading(stream, transport, args[2]);
+    quiet_reading(stream, transport, args[2]);
     Py_RETURN_TRUE;
 }
 
@@ -246,7 +246,8 @@ static PyObject *quieted(PyObject *module, PyObject *transport) {
 
 static PyMethodDef methods[] = {
     {"quiet", (PyCFunction)(void (*)(void))quiet, METH_FASTCALL,
-     "quiet(transport, loop) -> bool: this stream's reads take the GIL once, not twice."},
+     "quiet(transport, loop, protocol) -> bool: this stream's reads take the GIL once, not "
+     "twice (and go to a C data_received directly)."},
     {"quieted", quieted, METH_O,
      "quieted(transport) -> (bool, bool): are its buffer and read callbacks this module's?"},
     {NULL, NULL, 0, NULL},

@@ -36,7 +36,8 @@ callback that does the same without the GIL in that stream's libuv slot. Why it 
 - the two callbacks run on the loop's thread, the only one that touches the buffer and its
   mark, so the GIL guards nothing there;
 - uvloop puts its own callback back whenever it starts reading again (`resume_reading`,
-  `_start_reading`), and the callers ask again then (`H1Connection`);
+  `_start_reading`): an upstream connection asks at each request and again after each
+  resume (`H1Connection.quiet`);
 - `_uvread.c` checks every layout it reads before it writes the slot (its comment) and
   leaves the slot alone otherwise: the stream then reads as it did, only slower.
 
@@ -109,17 +110,16 @@ _uvread = compiled("sidecar._uvread")
 
 
 def quiet_reads(
-    transport: asyncio.BaseTransport,
-    loop: asyncio.AbstractEventLoop,
-    protocol: asyncio.Protocol | None = None,
+    transport: asyncio.BaseTransport, loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol
 ) -> bool:
     """Make `transport`'s reads take the GIL once (see the module), where the gate is open,
-    the C part is built and `transport` is reading on `loop`; True when they now do. With
-    its `protocol` (a plain one, whose `data_received` is a C function: `H1Core`'s), each
-    read's bytes also go to it in fewer steps."""
+    the C part is built and `transport` is reading on `loop` for `protocol`, a plain one (a
+    buffered protocol's reads go through its own buffer); True when they now do. When its
+    `data_received` is a C function (`H1Core`'s), each read's bytes also go to it in fewer
+    steps."""
     tcp = _gated_type()
     if tcp is None or type(transport) is not tcp or _uvread is None:
         return False
-    if protocol is None or isinstance(protocol, asyncio.BufferedProtocol):
-        return bool(_uvread.quiet(transport, loop))
+    if isinstance(protocol, asyncio.BufferedProtocol):
+        return False
     return bool(_uvread.quiet(transport, loop, protocol))
