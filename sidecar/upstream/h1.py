@@ -104,7 +104,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.chunk_end = self.at_boundary = False
         self._parser = httptools.HttpResponseParser(self) if method else None
         if method and self.transport is not None:
-            quiet_reads(self.transport, self._loop, self)  # a read a token: see the function
+            self.quiet()
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -222,11 +222,18 @@ class H1Connection(H1Core, asyncio.Protocol):
             self._drain = self._loop.create_future()
             await self._drain
 
+    def quiet(self) -> None:
+        """Each read (a token, mostly) in fewer steps where uvloop allows it
+        (`uvloop_internals.quiet_reads`): asked at each request and again after each
+        `resume_reading`, which puts uvloop's own callbacks back."""
+        assert self.transport is not None
+        quiet_reads(self.transport, self._loop, self)
+
     def _resume(self) -> None:
         self.paused = False
         assert self.transport is not None
         self.transport.resume_reading()
-        quiet_reads(self.transport, self._loop, self)  # uvloop put its own callbacks back
+        self.quiet()
 
     def write(self, data: bytes) -> None:
         assert self.transport is not None
