@@ -398,8 +398,9 @@ static int hex_line(char *out, size_t n) {
 /* The transport type of writers with fd (uvloop's TCPTransport: the gate of
  * `uvloop_internals.direct_fd`) and its two methods called per chunk, looked up once a
  * process rather than by name per chunk (the lookups were some 160 of a token's 3,160
- * instructions: bench.lab.instructions). Only for a type whose instances have no `__dict__` (as a Cython class's):
- * there `transport.is_closing()` is always the class's, so calling that is the same call. */
+ * instructions: bench.lab.instructions). Only for a type whose instances have no
+ * `__dict__` (as a Cython class's): there `transport.is_closing()` is always the class's,
+ * so calling that is the same call. */
 static PyTypeObject *fd_type;
 static PyObject *fd_is_closing, *fd_held;
 
