@@ -1,21 +1,34 @@
-"""`python -m bench.lab.profile [paced|flood] [SECONDS]`: py-spy profile of sidestream under load.
+"""`python -m bench.lab.profile [paced|flood] [SECONDS] [--target T]`: py-spy profile of
+sidestream under load.
 
-Needs `py-spy` (`pip install py-spy`; not a dependency). Starts the emulator and sidestream
-as the benchmark does, runs scenario a (paced) or b (flood) while `py-spy record` samples
-the proxy, then prints the functions with the most samples, self time and total (inclusive).
-The raw collapsed stacks stay in `bench/results/profile-<scenario>.txt` for a flame graph.
+Needs `py-spy` (`pip install py-spy`; not a dependency). Starts the emulator and the target
+(`sidestream` unless `--target` names another, `sidestream+otel` with an OTLP sink) as the
+benchmark does, runs scenario a (paced) or b (flood) while `py-spy record` samples the proxy,
+then prints the functions with the most samples, self time and total (inclusive). The raw
+collapsed stacks stay in `bench/results/profile-<scenario>.txt` for a flame graph.
+
+py-spy sees Python frames only: what the compiled core runs from uvloop's callbacks (a
+token's whole relay) has none, and shows as the event loop's `run`. For that part, count
+instructions (`bench.lab.instructions`) or sample the kernel and C (`bench.lab.perfdiff`).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import shutil
 import subprocess
-import sys
 import threading
+from pathlib import Path
 
 from bench import scenarios
-from bench.targets import ROOT, session
+from bench.targets import ROOT, TARGETS, otlp_sink, session
+
+
+def _frame(frame: str) -> str:
+    """py-spy's `function (path/to/file.py:line)` as `function file.py`."""
+    function, _, where = frame.partition(" (")
+    return f"{function} {where.rsplit(':', 1)[0].rsplit('/', 1)[-1]}"
 
 
 def top(collapsed: str, n: int = 25) -> str:
@@ -28,9 +41,7 @@ def top(collapsed: str, n: int = 25) -> str:
             continue
         k = int(count)
         samples += k
-        frames = [
-            f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].split(":")[0] for f in stack.split(";")
-        ]
+        frames = [_frame(f) for f in stack.split(";")]
         own[frames[-1]] += k
         for frame in set(frames):
             total[frame] += k
@@ -40,13 +51,20 @@ def top(collapsed: str, n: int = 25) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    scenario = sys.argv[1] if len(sys.argv) > 1 else "flood"
-    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 6.0
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", nargs="?", choices=("paced", "flood"), default="flood")
+    parser.add_argument("seconds", nargs="?", type=float, default=6.0)
+    sidestreams = [t for t in TARGETS if t.startswith("sidestream")]
+    parser.add_argument("--target", choices=sidestreams, default="sidestream")
+    args = parser.parse_args(argv)
+    scenario, seconds = args.scenario, args.seconds
     spy = shutil.which("py-spy") or str(ROOT / ".venv" / "bin" / "py-spy")
+    if not Path(spy).exists():
+        parser.error("py-spy is not installed (pip install py-spy)")
     out = ROOT / "bench" / "results" / f"profile-{scenario}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with session("sidestream", sink_port=1) as s:
+    with otlp_sink() as sink, session(args.target, sink) as s:
         assert s.proxy is not None
         argv = [spy, "record", "-p", str(s.proxy.pid), "-d", str(int(seconds))]
         argv += ["-f", "raw", "-o", str(out), "-r", "250", "--nonblocking"]
