@@ -161,18 +161,21 @@ static PyObject *after_read(H1Core *self, PyObject *single) {
     int any = single != NULL ||
               (chunks != NULL && PyList_CheckExact(chunks) && PyList_GET_SIZE(chunks) > 0);
     if (any && self->sink != NULL && self->sink != Py_None) {
-        PyObject *sink = Py_NewRef(self->sink); /* and so its object, while called */
+        /* What is called stays alive while called (the call may set another sink): the
+         * sink, or, when its function is called directly, the function's object alone, so
+         * that the bound method is not touched per token (cold by then: `set_sink`) */
         PyCFunction function = self->sink_function;
-        PyObject *function_self = self->sink_self;
+        PyObject *callee = function != NULL ? self->sink_self : self->sink;
+        Py_XINCREF(callee);
         PyObject *first = single != NULL ? single : PyList_GET_ITEM(chunks, 0);
         int one = single != NULL || (PyList_GET_SIZE(chunks) == 1 && PyBytes_CheckExact(first));
         PyObject *body = one ? Py_NewRef(first) /* what join returns for one piece */
             : PyObject_CallMethodOneArg(EMPTY, str_join, chunks);
         PyObject *took = body == NULL ? NULL
-                         : function != NULL ? function(function_self, body)
-                                            : PyObject_CallOneArg(sink, body);
+                         : function != NULL ? function(callee, body)
+                                            : PyObject_CallOneArg(callee, body);
         Py_XDECREF(body);
-        Py_DECREF(sink);
+        Py_XDECREF(callee);
         yes = took == NULL ? -1 : PyObject_IsTrue(took);
         Py_XDECREF(took);
         if (yes > 0 && single == NULL) {
