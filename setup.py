@@ -30,6 +30,7 @@ setup(
         for name, path in [
             ("middleware._relaycore", "middleware/_relaycore.c"),
             ("middleware._frame", "middleware/_frame.c"),
+            ("middleware._usage", "middleware/_usage.c"),
             ("middleware.telemetry._gaps", "middleware/telemetry/_gaps.c"),
             ("sidecar._core", "sidecar/_core.c"),
             ("sidecar._heads", "sidecar/_heads.c"),

@@ -31,12 +31,16 @@ import re
 from typing import Any
 
 from middleware.dialects import json_object, select
+from middleware.speedups import compiled
 from middleware.types import Message, Receive, Scope
 
 MODES = ("pass", "force", "continuous")
 BODY_LIMIT = 1 << 20  # request bytes parsed at most; a larger body is forwarded unchanged
 PATHS = ("openai.chat", "openai.completions")  # the dialects whose requests are rewritten
 _FLAT_USAGE = re.compile(rb',"usage":\{[^{}"]*(?:"[a-z_]+":[0-9]+,?)*\}')
+# Both questions answered in one pass over the bytes, without the JSON's objects, where
+# built (`middleware/_usage.c`); what it leaves to this module (ASK, None) is answered here.
+_compiled = compiled("middleware._usage")
 
 
 class _Duplicate(ValueError):
@@ -85,6 +89,12 @@ def rewrite(body: bytes, mode: str) -> bytes | None:
     streaming JSON object, malformed, or the client asked for usage itself)."""
     if len(body) > BODY_LIMIT:
         return None
+    if _compiled is not None:
+        at = _compiled.request(body)
+        if at >= 0:  # the offset of the closing brace: no stream_options yet
+            return body[:at] + _INSERTED[mode == "continuous"] + body[at:]
+        if at == _compiled.UNCHANGED:
+            return None
     try:
         obj = _decode(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -203,22 +213,62 @@ _HIDE = (HideUsage(continuous=False), HideUsage(continuous=True))
 
 
 def _hide(body: bytes, continuous: bool) -> bytes:
-    body = body.replace(b',"usage":null', b"")
+    if not continuous and _compiled is not None:
+        hidden: bytes | None = _compiled.hide(body)
+        if hidden is not None:
+            return hidden
     # `find`, not `in`: a bytes needle in `in` is first tried as an integer inside CPython,
     # which raises and clears a TypeError each time.
+    if body.find(b'"usage"') < 0:
+        return body  # nothing to hide: `,"usage":null` and a usage object both hold it
+    body = body.replace(b',"usage":null', b"")
     if continuous and body.find(b'"choices":[]') < 0:
         # A token chunk with vLLM's flat usage object after its choices: cut it out as
         # text (a JSON round trip per token costs ten times as much).
         body = _FLAT_USAGE.sub(b"", body)
-    if body.find(b'"usage"') < 0:
+    at = body.find(b'"usage"')
+    if at < 0:
         return body
+    if continuous:
+        return _by_events(body, continuous)
+    return _usage_events_dropped(body, at)
+
+
+def _by_events(body: bytes, continuous: bool) -> bytes:
+    """`body` split into its events, each checked: the usage-only ones dropped and, in
+    continuous mode, the others' usage objects."""
     parts = body.split(b"\n\n")
     kept = [part for part in parts[:-1] if not _usage_only(part)]
     if continuous:
         kept = [_without_usage(part) for part in kept]
-    if len(kept) == len(parts) - 1 and not continuous:
+    elif len(kept) == len(parts) - 1:
         return body
     return b"".join(part + b"\n\n" for part in kept) + parts[-1]
+
+
+def _usage_events_dropped(body: bytes, at: int) -> bytes:
+    """`_by_events(body, False)`, looking only at the events that hold `"usage"` (the first
+    at `at`): a stream's first write can hold its whole answer (a one-token reply's token,
+    finish, usage and `[DONE]` in one upstream read). `middleware/_usage.c`'s `hide` is
+    this, compiled."""
+    kept = []
+    start = 0  # where the bytes not yet in `kept` begin
+    while at >= 0:
+        end = body.find(b"\n\n", at)
+        if end < 0:
+            break  # the part after the last blank line: never a whole event
+        begin = body.rfind(b"\n\n", 0, at)
+        if begin > 0 and body[begin - 1] == 10:
+            return _by_events(body, False)  # three newlines or more: `split` pairs them up
+        begin = 0 if begin < 0 else begin + 2
+        if _usage_only(body[begin:end]):
+            kept.append(body[start:begin])
+            start = end + 2
+        at = body.find(b'"usage"', end + 2)
+    if start == 0:
+        return body
+    kept.append(body[start:])
+    return b"".join(kept)
 
 
 def _event_json(part: bytes) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c
 `middleware/telemetry/_gaps.c`) — behave alike, each checked here side by side; the rest of
 the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
 way). The head rules' twins (`sidecar/_heads.c`) are held to uvicorn or to the rules one by
-one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`."""
+one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`; forced usage's
+(`middleware/_usage.c`) to `middleware.usage` in `test_usage_twins.py`."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ compiled_frame = built("middleware._frame")
 compiled_sidecar = built("sidecar._core")
 compiled_gaps = built("middleware.telemetry._gaps")
 compiled_heads = built("sidecar._heads")
+compiled_usage = built("middleware._usage")
 TWINS = ["python", "compiled"]
 
 
 def test_the_run_uses_the_core_it_asked_for() -> None:
     """Without SIDESTREAM_NO_EXTENSIONS the compiled core is built and in use (a failed build
     would otherwise make both runs of the suite pure Python); with it, the Python one is."""
+    from middleware import usage
     from middleware.relay import Relay
     from sidecar import headers
     from sidecar.servers import response_head
@@ -52,9 +55,10 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert headers.request_rules is headers._request_rules
         assert headers.response_headers is headers._response_headers
         assert connection.read_headers is connection._read_headers
+        assert usage._compiled is None
     else:
         built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps, compiled_heads)
-        assert None not in built, "not built"
+        assert None not in (*built, compiled_usage), "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
         assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
@@ -63,6 +67,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert headers.request_rules is compiled_heads.request_rules
         assert headers.response_headers is compiled_heads.response_headers
         assert connection.read_headers is compiled_heads.read_headers
+        assert usage._compiled is compiled_usage
 
 
 def test_a_core_that_is_not_built_is_named_in_one_log_line(

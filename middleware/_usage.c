@@ -1,0 +1,402 @@
+/* middleware/_usage.c: forced usage's two JSON questions (middleware/usage.py), answered
+ * without building the JSON's objects.
+ *
+ * usage.py asks them of every streaming request and of a stream's last chunk, and answers
+ * them with the json module: a request body parsed whole into Python objects (a 60 KB chat
+ * history costs ~80 us, before the upstream hears of the request) and the usage chunk
+ * parsed to see that it is one. Here one pass over the bytes checks them against JSON's
+ * grammar and looks at the top level's keys:
+ *
+ * - `request(body)`: where to insert `stream_options` (the offset of the closing brace),
+ *   UNCHANGED when usage.rewrite would forward the body as it is, or ASK.
+ * - `hide(body)`: usage.py's `_hide(body, False)`, or None: ASK.
+ *
+ * ASK means "usage.py decides": the grammar here is a strict part of what the json module
+ * reads the same way, and whatever lies outside it is left to usage.py, so an answer given
+ * here is the one usage.py would give. Outside it: an escaped key (`"str\u0065am"` is
+ * `stream`, and two keys may differ only in their escapes), NaN and Infinity, nesting
+ * deeper than MAX_DEPTH, an object with more than MAX_KEYS keys (duplicates are checked
+ * pairwise), an integer of more than MAX_DIGITS digits (Python's int() refuses beyond
+ * 4300), and anything not UTF-8 (the json module may read another encoding).
+ * Inside it: UTF-8 as Python's strict decoder takes it (no overlong form, no surrogate, at
+ * most U+10FFFF), RFC 8259 (whitespace is space, tab, LF, CR; a string holds no control
+ * character; a number has no leading zero), which is what json's C scanner reads.
+ * The test suite runs usage.py's tests with and without this module, and
+ * tests/unit/test_usage_twins.py checks that every answer given here is usage.py's.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+#include <string.h>
+
+enum { MAX_DEPTH = 64, MAX_KEYS = 64, MAX_DIGITS = 4000 };
+enum { ASK = -1, UNCHANGED = -2 };
+
+/* What a top-level key's last value was, for the keys asked about */
+enum { NONE = 0, TRUE_, EMPTY_ARRAY, OBJECT, OTHER };
+
+typedef struct {
+    const unsigned char *p, *end;
+    int depth;
+    int duplicate; /* some object holds one key twice */
+    /* the top-level object's keys asked about: their last value (a dict keeps the last) */
+    int stream, stream_options, choices, usage;
+} Scan;
+
+static void blanks(Scan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+        s->p++;
+}
+
+static int is_hex(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+static int is_cont(const unsigned char *p, const unsigned char *end, int n) {
+    for (int i = 0; i < n; i++)
+        if (p + i >= end || (p[i] & 0xC0) != 0x80) return 0;
+    return 1;
+}
+
+/* The length of the UTF-8 sequence at `p` as Python's strict decoder takes it, 0 if none */
+static int utf8(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    if (c >= 0xC2 && c <= 0xDF) return is_cont(p + 1, end, 1) ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (p + 1 >= end) return 0;
+        unsigned char d = p[1];
+        if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d > 0x9F)) return 0; /* overlong, surrogate */
+        return is_cont(p + 1, end, 2) ? 3 : 0;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (p + 1 >= end) return 0;
+        unsigned char d = p[1];
+        if ((c == 0xF0 && d < 0x90) || (c == 0xF4 && d > 0x8F)) return 0; /* overlong, > U+10FFFF */
+        return is_cont(p + 1, end, 3) ? 4 : 0;
+    }
+    return 0;
+}
+
+/* A string at `s->p` (its opening quote); `*escaped` when it holds an escape. 0, or -1 */
+static int string(Scan *s, int *escaped) {
+    const unsigned char *p = s->p + 1, *end = s->end;
+    *escaped = 0;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c == '"') {
+            s->p = p + 1;
+            return 0;
+        }
+        if (c < 0x20) return -1;
+        if (c == '\\') {
+            *escaped = 1;
+            if (p + 1 >= end) return -1;
+            c = p[1];
+            if (c == 'u') {
+                if (end - p < 6 || !is_hex(p[2]) || !is_hex(p[3]) || !is_hex(p[4]) || !is_hex(p[5]))
+                    return -1;
+                p += 6;
+            } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' ||
+                       c == 'r' || c == 't') {
+                p += 2;
+            } else {
+                return -1;
+            }
+        } else if (c < 0x80) {
+            p++;
+        } else {
+            int n = utf8(p, end);
+            if (n == 0) return -1;
+            p += n;
+        }
+    }
+    return -1;
+}
+
+static int digits(Scan *s) {
+    const unsigned char *start = s->p;
+    while (s->p < s->end && *s->p >= '0' && *s->p <= '9') s->p++;
+    return s->p > start ? 0 : -1;
+}
+
+/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)? */
+static int number(Scan *s) {
+    const unsigned char *start = s->p;
+    if (*s->p == '-') s->p++;
+    if (s->p >= s->end) return -1;
+    if (*s->p == '0') s->p++;
+    else if (digits(s) < 0) return -1;
+    if (s->p - start > MAX_DIGITS) return -1;
+    if (s->p < s->end && *s->p == '.') {
+        s->p++;
+        if (digits(s) < 0) return -1;
+    }
+    if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
+        s->p++;
+        if (s->p < s->end && (*s->p == '+' || *s->p == '-')) s->p++;
+        if (digits(s) < 0) return -1;
+    }
+    return 0;
+}
+
+static int literal(Scan *s, const char *word, size_t n) {
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, word, n) != 0) return -1;
+    s->p += n;
+    return 0;
+}
+
+static int value(Scan *s, int *kind);
+
+static int key_is(const unsigned char *key, Py_ssize_t n, const char *name) {
+    return (size_t)n == strlen(name) && memcmp(key, name, n) == 0;
+}
+
+/* An object at `s->p` (its `{`) */
+static int object(Scan *s) {
+    const unsigned char *keys[MAX_KEYS];
+    Py_ssize_t lens[MAX_KEYS];
+    int count = 0, top = s->depth == 1, kind, escaped;
+    s->p++;
+    blanks(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        return 0;
+    }
+    while (1) {
+        if (s->p >= s->end || *s->p != '"' || count == MAX_KEYS) return -1;
+        const unsigned char *key = s->p + 1;
+        if (string(s, &escaped) < 0 || escaped) return -1;
+        Py_ssize_t n = s->p - 1 - key;
+        for (int i = 0; i < count; i++)
+            if (lens[i] == n && memcmp(keys[i], key, n) == 0) s->duplicate = 1;
+        keys[count] = key;
+        lens[count++] = n;
+        blanks(s);
+        if (s->p >= s->end || *s->p != ':') return -1;
+        s->p++;
+        blanks(s);
+        if (value(s, &kind) < 0) return -1;
+        if (top) {
+            if (key_is(key, n, "stream")) s->stream = kind;
+            else if (key_is(key, n, "stream_options")) s->stream_options = kind;
+            else if (key_is(key, n, "choices")) s->choices = kind;
+            else if (key_is(key, n, "usage")) s->usage = kind;
+        }
+        blanks(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == '}') {
+            s->p++;
+            return 0;
+        }
+        if (*s->p != ',') return -1;
+        s->p++;
+        blanks(s);
+    }
+}
+
+/* An array at `s->p` (its `[`); `*empty` when it holds nothing */
+static int array(Scan *s, int *empty) {
+    int kind;
+    s->p++;
+    blanks(s);
+    *empty = s->p < s->end && *s->p == ']';
+    if (*empty) {
+        s->p++;
+        return 0;
+    }
+    while (1) {
+        if (value(s, &kind) < 0) return -1;
+        blanks(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == ']') {
+            s->p++;
+            return 0;
+        }
+        if (*s->p != ',') return -1;
+        s->p++;
+        blanks(s);
+    }
+}
+
+/* A value at `s->p` (no blank before it); `*kind` says which, of the kinds asked about */
+static int value(Scan *s, int *kind) {
+    if (s->p >= s->end) return -1;
+    int escaped, empty, r;
+    *kind = OTHER;
+    switch (*s->p) {
+    case '{':
+    case '[':
+        if (++s->depth > MAX_DEPTH) return -1;
+        if (*s->p == '{') {
+            r = object(s);
+            *kind = OBJECT;
+        } else {
+            r = array(s, &empty);
+            if (empty) *kind = EMPTY_ARRAY;
+        }
+        s->depth--;
+        return r;
+    case '"':
+        return string(s, &escaped);
+    case 't':
+        *kind = TRUE_;
+        return literal(s, "true", 4);
+    case 'f':
+        return literal(s, "false", 5);
+    case 'n':
+        return literal(s, "null", 4);
+    default:
+        return *s->p == '-' || (*s->p >= '0' && *s->p <= '9') ? number(s) : -1;
+    }
+}
+
+/* One JSON value with blanks around it, and nothing else, in [p, end): its kind, or -1 */
+static int document(Scan *s, const unsigned char *p, Py_ssize_t n) {
+    int kind;
+    memset(s, 0, sizeof *s);
+    s->p = p;
+    s->end = p + n;
+    blanks(s);
+    if (value(s, &kind) < 0) return -1;
+    blanks(s);
+    return s->p == s->end ? kind : -1;
+}
+
+/* def request(body: bytes) -> int: usage.rewrite's decision, for a body it may rewrite
+ * (no larger than BODY_LIMIT: usage.py checks that first) */
+static PyObject *request(PyObject *module, PyObject *body) {
+    (void)module;
+    if (!PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "request(body: bytes)");
+        return NULL;
+    }
+    Scan s;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(body);
+    int kind = document(&s, p, PyBytes_GET_SIZE(body));
+    long answer = ASK;
+    if (kind < 0) answer = ASK;                             /* outside the grammar here */
+    else if (kind != OBJECT || s.duplicate) answer = UNCHANGED; /* not a dict, or refused */
+    else if (s.stream != TRUE_) answer = UNCHANGED;           /* not `"stream": true` */
+    else if (s.stream_options != NONE) answer = ASK;          /* amended, or the client's own */
+    else { /* the object's closing brace: the last byte that is not a blank */
+        const unsigned char *last = s.end - 1;
+        while (*last != '}') last--;
+        answer = (long)(last - p);
+    }
+    return PyLong_FromLong(answer);
+}
+
+/* usage.py's `_usage_only(part)`: 1, 0, or ASK */
+static int usage_only(const unsigned char *part, Py_ssize_t n) {
+    if (memmem(part, n, "\"usage\"", 7) == NULL) return 0;
+    if (n < 6 || memcmp(part, "data: ", 6) != 0 || memchr(part, '\n', n) != NULL) return 0;
+    Scan s;
+    int kind = document(&s, part + 6, n - 6);
+    if (kind < 0) return ASK;
+    return kind == OBJECT && s.choices == EMPTY_ARRAY && s.usage == OBJECT;
+}
+
+/* `body.replace(old, b"")`, the same object when `old` is not in it */
+static PyObject *without(PyObject *body, const char *old, Py_ssize_t m) {
+    const char *b = PyBytes_AS_STRING(body), *end = b + PyBytes_GET_SIZE(body);
+    const char *at = memmem(b, end - b, old, m);
+    if (at == NULL) return Py_NewRef(body);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(body));
+    if (out == NULL) return NULL;
+    char *o = PyBytes_AS_STRING(out);
+    while (at != NULL) {
+        memcpy(o, b, at - b);
+        o += at - b;
+        b = at + m;
+        at = memmem(b, end - b, old, m);
+    }
+    memcpy(o, b, end - b);
+    o += end - b;
+    _PyBytes_Resize(&out, o - PyBytes_AS_STRING(out));
+    return out;
+}
+
+/* The last `\n\n` that starts before `stop`, or NULL */
+static const char *last_blank(const char *b, const char *stop) {
+    for (const char *p = stop - 2; p >= b; p--)
+        if (p[0] == '\n' && p[1] == '\n') return p;
+    return NULL;
+}
+
+/* def hide(body: bytes) -> bytes | None: usage.py's `_hide(body, False)`, its lines as
+ * comments; None to ask usage.py */
+static PyObject *hide(PyObject *module, PyObject *body) {
+    (void)module;
+    if (!PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "hide(body: bytes)");
+        return NULL;
+    }
+    /* if body.find(b'"usage"') < 0: return body */
+    if (memmem(PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), "\"usage\"", 7) == NULL)
+        return Py_NewRef(body);
+    /* body = body.replace(b',"usage":null', b"") */
+    PyObject *edited = without(body, ",\"usage\":null", 13);
+    if (edited == NULL) return NULL;
+    const char *b = PyBytes_AS_STRING(edited), *end = b + PyBytes_GET_SIZE(edited);
+    /* at = body.find(b'"usage"'); if at < 0: return body */
+    const char *at = memmem(b, end - b, "\"usage\"", 7);
+    /* _usage_events_dropped(body, at): the kept bytes are [b, start) less the dropped
+     * events, written to `out` as each event is dropped (made at the first) */
+    PyObject *out = NULL;
+    char *o = NULL;
+    const char *start = b;
+    while (at != NULL) {
+        const char *stop = memmem(at, end - at, "\n\n", 2);
+        if (stop == NULL) break;
+        const char *blank = last_blank(b, at);
+        if (blank != NULL && blank > b && blank[-1] == '\n') goto ask; /* three newlines */
+        const char *begin = blank == NULL ? b : blank + 2;
+        int usage = usage_only((const unsigned char *)begin, stop - begin);
+        if (usage == ASK) goto ask;
+        if (usage) {
+            if (out == NULL) {
+                out = PyBytes_FromStringAndSize(NULL, end - b);
+                if (out == NULL) goto fail;
+                o = PyBytes_AS_STRING(out);
+            }
+            memcpy(o, start, begin - start);
+            o += begin - start;
+            start = stop + 2;
+        }
+        at = memmem(stop + 2, end - stop - 2, "\"usage\"", 7);
+    }
+    if (out == NULL) return edited;
+    memcpy(o, start, end - start);
+    o += end - start;
+    Py_DECREF(edited);
+    _PyBytes_Resize(&out, o - PyBytes_AS_STRING(out));
+    return out;
+ask:
+    Py_XDECREF(out);
+    Py_DECREF(edited);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(edited);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"request", request, METH_O, "usage.rewrite's decision: an offset, UNCHANGED or ASK"},
+    {"hide", hide, METH_O, "usage._hide(body, False), or None to ask usage.py"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "middleware._usage", NULL, -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__usage(void) {
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    if (PyModule_AddIntConstant(module, "ASK", ASK) < 0 ||
+        PyModule_AddIntConstant(module, "UNCHANGED", UNCHANGED) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
