@@ -188,3 +188,45 @@ def test_the_body_is_decoded_as_the_json_decoder_decodes_it(text: str) -> None:
             usage._decode(text)
         return
     assert repr(usage._decode(text)) == repr(expected)
+
+
+@pytest.mark.parametrize("as_list", [True, False], ids=["list", "tuple"])
+def test_every_content_length_follows_the_rewritten_body(as_list: bool) -> None:
+    """The request's Content-Length is the rewritten body's, every copy of it: in the
+    server's own list where the headers are one, in a new list otherwise; no other header
+    moves or changes."""
+    import asyncio
+
+    body = b'{"stream":true}'
+    headers = [
+        (b"content-length", b"15"),
+        (b"host", b"x"),
+        (b"content-length", b"15"),
+        (b"content-type", b"application/json"),
+    ]
+    scope: dict[str, object] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": headers if as_list else tuple(headers),
+    }
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def run() -> bytes:
+        replay, edit = await usage.prepare(scope, receive, "force")  # type: ignore[arg-type]
+        assert edit is not None
+        message = await replay()
+        return message["body"]  # type: ignore[no-any-return]
+
+    sent = asyncio.run(run())
+    length = str(len(sent)).encode()
+    assert sent == rewrite(body, "force")
+    assert list(scope["headers"]) == [  # type: ignore[call-overload]
+        (b"content-length", length),
+        (b"host", b"x"),
+        (b"content-length", length),
+        (b"content-type", b"application/json"),
+    ]
+    assert (scope["headers"] is headers) is as_list
