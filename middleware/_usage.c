@@ -2,10 +2,10 @@
  * without building the JSON's objects.
  *
  * usage.py asks them of every streaming request and of a stream's last chunk, and answers
- * them with the json module: a request body parsed whole into Python objects (a 60 KB chat
- * history costs ~80 us, before the upstream hears of the request) and the usage chunk
- * parsed to see that it is one. Here one pass over the bytes checks them against JSON's
- * grammar and looks at the top level's keys:
+ * them with the json module: the request body parsed whole into Python objects (a long chat
+ * history's every string and number, before the upstream hears of the request) and the
+ * usage chunk parsed to see that it is one. Here one pass over the bytes checks them
+ * against JSON's grammar and looks at the top level's keys:
  *
  * - `request(body)`: where to insert `stream_options` (the offset of the closing brace),
  *   UNCHANGED when usage.rewrite would forward the body as it is, or ASK.
@@ -48,6 +48,7 @@ typedef struct {
  * than the search in a chunk of a few hundred bytes. */
 static const char *find(const char *s, Py_ssize_t n, const char *needle, Py_ssize_t m,
                         Py_ssize_t k) {
+    if (n < m) return NULL;
     const char *at = s + k, *end = s + n - (m - k - 1); /* where needle[k] may be */
     while (at < end && (at = memchr(at, needle[k], (size_t)(end - at))) != NULL) {
         if (memcmp(at - k, needle, m) == 0) return at - k;
@@ -124,9 +125,7 @@ static int string(Scan *s, int *escaped) {
             } else {
                 return -1;
             }
-        } else if (c < 0x80) {
-            p++;
-        } else {
+        } else { /* past the run, neither quote nor backslash nor control: not ASCII */
             int n = utf8(p, end);
             if (n == 0) return -1;
             p += n;
