@@ -8,6 +8,8 @@ request, never per chunk. The default W3C propagation is written out by hand (se
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from opentelemetry import baggage, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -30,8 +32,10 @@ def inject_trace_context(headers: Headers) -> None:
     if not span_context.is_valid:
         return
     if _w3c_propagation() and not baggage.get_all():
-        # TraceContextTextMapPropagator.inject's two headers.
-        headers[:] = [(name, value) for name, value in headers if name not in _W3C_FIELDS]
+        # TraceContextTextMapPropagator.inject's two headers, replacing the client's (which
+        # few send: the names are looked at in C, the list rebuilt only when they do).
+        if not _W3C_FIELDS.isdisjoint(map(_NAME, headers)):
+            headers[:] = [(name, value) for name, value in headers if name not in _W3C_FIELDS]
         parent = b"00-%032x-%016x-%02x" % (
             span_context.trace_id,
             span_context.span_id,
@@ -49,6 +53,7 @@ def inject_trace_context(headers: Headers) -> None:
 
 
 _W3C_FIELDS = frozenset({b"traceparent", b"tracestate"})
+_NAME = itemgetter(0)
 _W3C_PROPAGATORS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
 _w3c_decided: tuple[object, bool] = (None, False)  # (global propagator, is it W3C's alone)
 

@@ -290,12 +290,13 @@ def propagated(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 @pytest.mark.parametrize("state", [None, TraceState([("vendor", "a=b"), ("other", "1")])])
 @pytest.mark.parametrize("flags", [0, 1])
 @pytest.mark.parametrize("with_baggage", [False, True])
+@pytest.mark.parametrize("client_trace", [True, False], ids=["client-trace", "no-client-trace"])
 def test_the_upstream_gets_the_trace_context_the_propagator_writes(
-    state: TraceState | None, flags: int, with_baggage: bool
+    state: TraceState | None, flags: int, with_baggage: bool, client_trace: bool
 ) -> None:
     """With the default propagation, traceparent and tracestate are written as the W3C
-    propagator writes them (replacing the client's, other headers kept); with baggage in the
-    context, the baggage header too."""
+    propagator writes them (replacing the client's where it sent them, other headers kept
+    in their order); with baggage in the context, the baggage header too."""
     span = NonRecordingSpan(
         SpanContext(
             0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state
@@ -306,9 +307,10 @@ def test_the_upstream_gets_the_trace_context_the_propagator_writes(
         ctx = otel_baggage.set_baggage("tenant", "a b", ctx)
     token = otel_context.attach(ctx)
     try:
-        headers = list(CLIENT_HEADERS)
+        client = [h for h in CLIENT_HEADERS if client_trace or not h[0].startswith(b"trace")]
+        headers = list(client)
         inject_trace_context(headers)
-        expected = propagated(CLIENT_HEADERS)
+        expected = propagated(client)
     finally:
         otel_context.detach(token)
     assert headers == expected
