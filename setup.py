@@ -32,6 +32,7 @@ setup(
             ("middleware._frame", "middleware/_frame.c"),
             ("middleware._usage", "middleware/_usage.c"),
             ("middleware.telemetry._gaps", "middleware/telemetry/_gaps.c"),
+            ("middleware.telemetry._otlp", "middleware/telemetry/_otlp.c"),
             ("sidecar._core", "sidecar/_core.c"),
             ("sidecar._heads", "sidecar/_heads.c"),
             ("sidecar._uvread", "sidecar/_uvread.c"),

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from middleware.speedups import compiled
 from middleware.telemetry import semconv
 from middleware.telemetry.otel_sdk import SpanReader
 
@@ -51,6 +52,8 @@ _fixed32 = struct.Struct("<I").pack
 
 
 _BYTE = [bytes((n,)) for n in range(0x80)]  # the one-byte varints
+# The attributes' loop compiled, where built (`middleware/telemetry/_otlp.c`)
+_compiled = compiled("middleware.telemetry._otlp")
 _NOTHING = object()
 
 
@@ -136,8 +139,14 @@ class Encoder:
         if tagged is None:
             tagged = self._tagged[tag] = ({}, {}, {})
         strings, doubles, ints = tagged
+        items = self._read.items(attributes)
+        if _compiled is not None:  # the loop below, compiled
+            encoded: bytes = _compiled.attributes(
+                items, strings, doubles, ints, self._miss, self._other, tagged, tag
+            )
+            return encoded
         parts = []
-        for key, value in self._read.items(attributes):
+        for key, value in items:
             kind = type(value)
             try:  # hits, nearly always: each a dict lookup (a miss costs a KeyError, once)
                 if kind is str:
@@ -157,13 +166,18 @@ class Encoder:
             except KeyError:
                 parts.append(self._miss(tagged, tag, key, value))
                 continue
-            try:
-                pair = self._key(key) + _field(b"\x12", _value(value))
-            except TypeError as error:  # the SDK's encoder logs and skips these too
-                logger.warning("OTLP: attribute %s not exported: %s", key, error)
-                continue
-            parts.append(_field(tag, pair))
+            parts.append(self._other(tag, key, value))
         return b"".join(parts)
+
+    def _other(self, tag: bytes, key: str, value: Any) -> bytes:
+        """An attribute of a kind never kept (a negative or huge int, a list, bytes, ...):
+        encoded each time; b"" when it cannot be (logged and skipped, as the SDK does)."""
+        try:
+            pair = self._key(key) + _field(b"\x12", _value(value))
+        except TypeError as error:  # the SDK's encoder logs and skips these too
+            logger.warning("OTLP: attribute %s not exported: %s", key, error)
+            return b""
+        return _field(tag, pair)
 
     def _miss(self, tagged: _Tagged, tag: bytes, key: str, value: Any) -> bytes:
         """An attribute not in the tag's caches yet: encoded, and kept unless it is a tuple

@@ -1,7 +1,7 @@
 """The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
 `sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure, `telemetry.gaps._sorted_gaps`)
 and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`,
-`middleware/telemetry/_gaps.c`) — behave alike, each checked here side by side; the rest of
+`middleware/telemetry/_gaps.c`, the OTLP attributes' loop `_otlp.c`) — behave alike, each checked here side by side; the rest of
 the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
 way). The head rules' twins (`sidecar/_heads.c`) are held to uvicorn or to the rules one by
 one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`; forced usage's
@@ -33,6 +33,7 @@ compiled_sidecar = built("sidecar._core")
 compiled_gaps = built("middleware.telemetry._gaps")
 compiled_heads = built("sidecar._heads")
 compiled_usage = built("middleware._usage")
+compiled_otlp = built("middleware.telemetry._otlp")
 TWINS = ["python", "compiled"]
 
 
@@ -41,6 +42,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
     would otherwise make both runs of the suite pure Python); with it, the Python one is."""
     from middleware import usage
     from middleware.relay import Relay
+    from middleware.telemetry import otlp_encoder
     from sidecar import headers
     from sidecar.servers import response_head
     from sidecar.servers.uvicorn_internals import connection
@@ -56,9 +58,10 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert headers.response_headers is headers._response_headers
         assert connection.read_headers is connection._read_headers
         assert usage._compiled is None
+        assert otlp_encoder._compiled is None
     else:
         built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps, compiled_heads)
-        assert None not in (*built, compiled_usage), "not built"
+        assert None not in (*built, compiled_usage, compiled_otlp), "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
         assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
@@ -68,6 +71,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert headers.response_headers is compiled_heads.response_headers
         assert connection.read_headers is compiled_heads.read_headers
         assert usage._compiled is compiled_usage
+        assert otlp_encoder._compiled is compiled_otlp
 
 
 def test_a_core_that_is_not_built_is_named_in_one_log_line(
@@ -125,6 +129,74 @@ def test_sorted_gaps_refuses_what_is_not_a_list_of_numbers() -> None:
             sorted_gaps([1.0, "2"], None)
     with pytest.raises(TypeError):
         compiled_gaps.sorted_gaps((1.0, 2.0), None)
+
+
+# -- the OTLP attributes' loop (telemetry's per-span encoding) ----------------------------------
+
+_attribute_values = (
+    st.text(max_size=6)
+    | st.booleans()
+    | st.floats(allow_nan=True)
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from([0, 0x7F, 0x80, 0x3FFF, 0x4000, 2**63 - 1, 2**63, -1])
+    | st.tuples(st.text(max_size=3), st.text(max_size=3))
+    | st.tuples(st.integers(0, 3))
+    | st.lists(st.integers(0, 3), max_size=2)
+    | st.binary(max_size=3)
+    | st.none()
+    | st.just(object())  # not encodable: logged and skipped, by both
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "gen_ai.response.id", "n"]), _attribute_values),
+        max_size=8,
+    )
+)
+def test_the_compiled_attributes_loop_encodes_as_the_python_one(
+    items: list[tuple[str, object]],
+) -> None:
+    """Each attribute's KeyValue field, joined: the compiled loop writes the same bytes as
+    the Python one and leaves the same caches, from empty caches (every attribute a miss)
+    and again from the caches the first pass filled (hits), for every kind of value (the
+    numbers at their varint and range edges, the kinds never cached, one that cannot be
+    encoded)."""
+    from middleware.telemetry import otlp_encoder
+
+    _need(compiled_otlp, "compiled")
+    attributes = dict(items)
+    encoders = {twin: otlp_encoder.Encoder() for twin in TWINS}
+    saved = otlp_encoder._compiled
+    try:
+        for _ in range(2):
+            got = {}
+            for twin, encoder in encoders.items():
+                otlp_encoder._compiled = compiled_otlp if twin == "compiled" else None
+                got[twin] = encoder.attributes(b"\x4a", attributes)
+            assert got["compiled"] == got["python"]
+            assert encoders["compiled"]._tagged == encoders["python"]._tagged
+    finally:
+        otlp_encoder._compiled = saved
+
+
+def test_the_compiled_attributes_loop_refuses_what_the_python_one_refuses() -> None:
+    """An unhashable tuple is a TypeError from both loops; arguments of the wrong kind are
+    a TypeError, not a crash."""
+    from middleware.telemetry import otlp_encoder
+
+    _need(compiled_otlp, "compiled")
+    saved = otlp_encoder._compiled
+    try:
+        for twin in (compiled_otlp, None):
+            otlp_encoder._compiled = twin
+            with pytest.raises(TypeError):
+                otlp_encoder.Encoder().attributes(b"\x4a", {"a": ([1],)})
+    finally:
+        otlp_encoder._compiled = saved
+    with pytest.raises(TypeError):
+        compiled_otlp.attributes({}.items(), [], {}, {}, None, None, None, b"")
 
 
 # -- RelayCore ---------------------------------------------------------------------------
