@@ -158,7 +158,9 @@ class Cycle(Relay):
         try:
             receive: Receive = self.receiver.receive
             if settings.usage != "pass":
-                receive, self.edit = await usage.prepare(self.scope, receive, settings.usage)
+                forcing = usage.prepare(self.scope, receive, settings.usage)
+                if forcing is not None:
+                    receive, self.edit = await forcing
             await settings.app(self.scope, receive, self.send)
         except asyncio.CancelledError:
             if self.reason is None or (self.cancelled_task and task.uncancel() > base):

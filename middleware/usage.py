@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import re
+from collections.abc import Coroutine
 from operator import itemgetter
 from typing import Any
 
@@ -136,12 +137,16 @@ def _with_length(scope: Scope, length: int) -> None:
         ]
 
 
-async def prepare(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, HideUsage | None]:
-    """`force` for a POST to an OpenAI chat/completions or completions path; else nothing."""
+def prepare(
+    scope: Scope, receive: Receive, mode: str
+) -> Coroutine[Any, Any, tuple[Receive, HideUsage | None]] | None:
+    """`force(...)`, to be awaited, for a POST to an OpenAI chat/completions or completions
+    path; None for any other request. Not a coroutine itself: a request's way to its first
+    token awaits one coroutine less."""
     dialect = select(scope.get("path", ""))
     if scope.get("method") != "POST" or dialect is None or dialect.name not in PATHS:
-        return receive, None
-    return await force(scope, receive, mode)
+        return None
+    return force(scope, receive, mode)
 
 
 async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, HideUsage | None]:
