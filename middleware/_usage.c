@@ -168,6 +168,21 @@ static int literal(Scan *s, const char *word, size_t n) {
 
 static int value(Scan *s, int *kind);
 
+/* After a member or an element: the closing `close` (1), or a comma and the blanks after it
+ * (0: another one follows), or -1 */
+static int after(Scan *s, unsigned char close) {
+    blanks(s);
+    if (s->p >= s->end) return -1;
+    if (*s->p == close) {
+        s->p++;
+        return 1;
+    }
+    if (*s->p != ',') return -1;
+    s->p++;
+    blanks(s);
+    return 0;
+}
+
 static int key_is(const unsigned char *key, Py_ssize_t n, const char *name) {
     return (size_t)n == strlen(name) && memcmp(key, name, n) == 0;
 }
@@ -203,15 +218,8 @@ static int object(Scan *s) {
             else if (key_is(key, n, "choices")) s->choices = kind;
             else if (key_is(key, n, "usage")) s->usage = kind;
         }
-        blanks(s);
-        if (s->p >= s->end) return -1;
-        if (*s->p == '}') {
-            s->p++;
-            return 0;
-        }
-        if (*s->p != ',') return -1;
-        s->p++;
-        blanks(s);
+        int r = after(s, '}');
+        if (r != 0) return r < 0 ? -1 : 0;
     }
 }
 
@@ -227,15 +235,8 @@ static int array(Scan *s, int *empty) {
     }
     while (1) {
         if (value(s, &kind) < 0) return -1;
-        blanks(s);
-        if (s->p >= s->end) return -1;
-        if (*s->p == ']') {
-            s->p++;
-            return 0;
-        }
-        if (*s->p != ',') return -1;
-        s->p++;
-        blanks(s);
+        int r = after(s, ']');
+        if (r != 0) return r < 0 ? -1 : 0;
     }
 }
 
