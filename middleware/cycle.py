@@ -157,10 +157,8 @@ class Cycle(Relay):
         self.running = True
         try:
             receive: Receive = self.receiver.receive
-            if settings.usage != "pass":
-                forcing = usage.prepare(self.scope, receive, settings.usage)
-                if forcing is not None:
-                    receive, self.edit = await forcing
+            if (forcing := usage.prepare(self.scope, receive, settings.usage)) is not None:
+                receive, self.edit = await forcing
             await settings.app(self.scope, receive, self.send)
         except asyncio.CancelledError:
             if self.reason is None or (self.cancelled_task and task.uncancel() > base):

@@ -141,10 +141,12 @@ def prepare(
     scope: Scope, receive: Receive, mode: str
 ) -> Coroutine[Any, Any, tuple[Receive, HideUsage | None]] | None:
     """`force(...)`, to be awaited, for a POST to an OpenAI chat/completions or completions
-    path; None for any other request. Not a coroutine itself: a request's way to its first
-    token awaits one coroutine less."""
+    path when `mode` forces usage; None for any other request, and for any in mode "pass".
+    Not a coroutine itself: a request's way to its first token awaits one coroutine less."""
+    if mode == "pass" or scope.get("method") != "POST":
+        return None
     dialect = select(scope.get("path", ""))
-    if scope.get("method") != "POST" or dialect is None or dialect.name not in PATHS:
+    if dialect is None or dialect.name not in PATHS:
         return None
     return force(scope, receive, mode)
 

@@ -235,28 +235,29 @@ def test_every_content_length_follows_the_rewritten_body(as_list: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "forced"),
+    ("mode", "method", "path", "forced"),
     [
-        ("POST", "/v1/chat/completions", True),
-        ("POST", "/v1/completions", True),
-        ("GET", "/v1/chat/completions", False),
-        ("POST", "/v1/messages", False),  # Anthropic's: usage comes with every stream
-        ("POST", "/v1/embeddings", False),
+        ("force", "POST", "/v1/chat/completions", True),
+        ("continuous", "POST", "/v1/completions", True),
+        ("pass", "POST", "/v1/chat/completions", False),
+        ("force", "GET", "/v1/chat/completions", False),
+        ("force", "POST", "/v1/messages", False),  # Anthropic's: usage comes with every stream
+        ("force", "POST", "/v1/embeddings", False),
     ],
 )
 def test_only_openai_style_streaming_paths_are_read_before_the_app(
-    method: str, path: str, forced: bool
+    mode: str, method: str, path: str, forced: bool
 ) -> None:
-    """A POST to an OpenAI chat/completions or completions path has its body read and
-    rewritten before the app (a coroutine to await); any other request goes to the app as
-    it came, with nothing to await."""
+    """With usage forced, a POST to an OpenAI chat/completions or completions path has its
+    body read and rewritten before the app (a coroutine to await); any other request, and
+    any in mode "pass", goes to the app as it came, with nothing to await."""
     import asyncio
 
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": b'{"stream":true}', "more_body": False}
 
     scope = {"type": "http", "method": method, "path": path, "headers": []}
-    forcing = usage.prepare(scope, receive, "force")  # type: ignore[arg-type]
+    forcing = usage.prepare(scope, receive, mode)  # type: ignore[arg-type]
     assert (forcing is not None) is forced
     if forcing is not None:
         _, edit = asyncio.run(forcing)
