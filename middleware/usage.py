@@ -219,7 +219,7 @@ class HideUsage:
         self.ends = _ENDS
 
     def __call__(self, body: bytes) -> bytes:
-        if not self.continuous and _compiled is not None:  # `_hide`'s, a frame fewer
+        if not self.continuous and _compiled is not None:  # `_hide`, compiled
             hidden: bytes | None = _compiled.hide(body)
             if hidden is not None:
                 return hidden
@@ -234,10 +234,8 @@ _HIDE = (HideUsage(continuous=False), HideUsage(continuous=True))
 
 
 def _hide(body: bytes, continuous: bool) -> bytes:
-    if not continuous and _compiled is not None:
-        hidden: bytes | None = _compiled.hide(body)
-        if hidden is not None:
-            return hidden
+    """`HideUsage`'s edit in Python: the compiled `hide`'s twin, and what runs wherever that
+    one asks (and in continuous mode)."""
     # `find`, not `in`: a bytes needle in `in` is first tried as an integer inside CPython,
     # which raises and clears a TypeError each time.
     if body.find(b'"usage"') < 0:

@@ -245,3 +245,13 @@ def test_looking_only_at_the_events_holding_usage_drops_what_checking_each_drops
     the compiled `hide`'s twin): the same bytes as splitting the chunk into its events and
     checking each (`_by_events`)."""
     assert python_hide(body) == usage._by_events(body.replace(b',"usage":null', b""), False)
+
+
+def test_what_the_compiled_hide_asks_about_the_edit_decides_in_python() -> None:
+    """A chunk the compiled `hide` leaves to usage.py (here a usage event whose value holds
+    NaN, outside its grammar) is still edited: `HideUsage` hands it to `_hide`."""
+    event = b'data: {"choices":[],"usage":{"t":NaN}}\n\n'
+    chunk = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n' + event + b"data: [DONE]\n\n"
+    assert compiled.hide(chunk) is None
+    assert usage.HideUsage()(chunk) == python_hide(chunk)
+    assert event not in usage.HideUsage()(chunk)  # json reads NaN: a usage event, dropped
