@@ -308,9 +308,9 @@ static PyObject *request(PyObject *module, PyObject *body) {
     return PyLong_FromLong(answer);
 }
 
-/* usage.py's `_usage_only(part)`: 1, 0, or ASK */
+/* usage.py's `_usage_only(part)`, for a part `hide` found `"usage"` in (so not looked for
+ * again): 1, 0, or ASK */
 static int usage_only(const unsigned char *part, Py_ssize_t n) {
-    if (find((const char *)part, n, USAGE) == NULL) return 0;
     if (n < 6 || memcmp(part, "data: ", 6) != 0 || memchr(part, '\n', n) != NULL) return 0;
     Scan s;
     int kind = document(&s, part + 6, n - 6);
