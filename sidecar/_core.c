@@ -5,7 +5,7 @@
  *
  * - `H1Core`: sidecar/upstream/h1core.py's class, the upstream connection's `data_received`
  *   (with `whole_chunks`, the read of whole chunks taken without httptools, and the two
- *   chunk callbacks that tell where httptools stands).
+ *   chunk callbacks that tell where httptools stands), and its `on_header`.
  * - `ChunkWriter`: sidecar/servers/uvicorn_internals/nowait.py's `send_nowait` closure, the
  *   `sidestream.send_nowait` write into uvicorn's response. It reads uvicorn's private
  *   `RequestResponseCycle` fields as the closure does, so it is used only where that
@@ -19,7 +19,8 @@
 #include <sys/uio.h>
 
 static PyObject *PARSE_ERRORS = NULL; /* h1core.PARSE_ERRORS */
-static PyObject *EMPTY, *str_join, *str_abort, *str_feed_failed, *str_after_feed, *str_feed_data;
+static PyObject *EMPTY, *str_join, *str_abort, *str_feed_failed, *str_after_feed, *str_feed_data,
+    *str_refuse_head;
 static PyObject *str_flow, *str_write_paused, *str_disconnected, *str_response_complete,
     *str_chunked_encoding, *str_transport, *str_write, *str_is_closing, *str_held;
 
@@ -38,6 +39,8 @@ typedef struct {
      * `send_nowait`, compiled): its object and function, called directly (see `set_sink`) */
     PyObject *sink_self; /* borrowed: `sink` holds it */
     PyCFunction sink_function;
+    PyObject *headers;
+    Py_ssize_t head_bytes; /* `_head_bytes` */
 } H1Core;
 
 static PyObject *call_method0(PyObject *self, PyObject *name) {
@@ -45,6 +48,7 @@ static PyObject *call_method0(PyObject *self, PyObject *name) {
 }
 
 #define MAX_SIZE_DIGITS 8
+#define MAX_HEAD_BYTES 65536
 
 static int hex_digit(unsigned char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -98,6 +102,35 @@ static int whole_chunks(PyObject *data, PyObject *chunks, PyObject **single) {
         }
     }
     return 1;
+}
+
+/* def on_header(self, name: bytes, value: bytes) -> None */
+static PyObject *H1Core_on_header(H1Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "on_header(name, value)");
+        return NULL;
+    }
+    Py_ssize_t name = PyObject_Size(args[0]), value = PyObject_Size(args[1]);
+    if (name < 0 || value < 0) return NULL;
+    /* self._head_bytes += len(name) + len(value) + 4
+     * if self._head_bytes > MAX_HEAD_BYTES: self._refuse_head() */
+    self->head_bytes += name + value + 4;
+    if (self->head_bytes > MAX_HEAD_BYTES) {
+        PyObject *r = call_method0((PyObject *)self, str_refuse_head);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    /* self.headers.append((name, value)) */
+    if (self->headers == NULL || !PyList_Check(self->headers)) {
+        PyErr_SetString(PyExc_TypeError, "headers: a list");
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, args[0], args[1]);
+    if (pair == NULL) return NULL;
+    int appended = PyList_Append(self->headers, pair);
+    Py_DECREF(pair);
+    if (appended < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* def on_chunk_header(self): self.chunk_end = False */
@@ -248,6 +281,7 @@ static PyObject *H1Core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
      * until then): None here, nothing made only to be replaced. */
     self->parser = Py_NewRef(Py_None);
     self->chunks = Py_NewRef(Py_None);
+    self->headers = Py_NewRef(Py_None);
     self->sink = Py_NewRef(Py_None);
     return (PyObject *)self;
 }
@@ -257,12 +291,14 @@ static int H1Core_traverse(H1Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->parser);
     Py_VISIT(self->chunks);
     Py_VISIT(self->sink);
+    Py_VISIT(self->headers);
     return 0;
 }
 
 static int H1Core_clear(H1Core *self) {
     Py_CLEAR(self->parser);
     Py_CLEAR(self->chunks);
+    Py_CLEAR(self->headers);
     self->sink_self = NULL;
     self->sink_function = NULL;
     Py_CLEAR(self->sink);
@@ -284,6 +320,8 @@ static PyMemberDef H1Core_members[] = {
     {"received", T_BOOL, offsetof(H1Core, received), 0, NULL},
     {"at_boundary", T_BOOL, offsetof(H1Core, at_boundary), 0, NULL},
     {"chunk_end", T_BOOL, offsetof(H1Core, chunk_end), 0, NULL},
+    {"headers", T_OBJECT_EX, offsetof(H1Core, headers), 0, NULL},
+    {"_head_bytes", T_PYSSIZET, offsetof(H1Core, head_bytes), 0, NULL},
     {NULL},
 };
 
@@ -315,6 +353,7 @@ static PyGetSetDef H1Core_getset[] = {
 
 static PyMethodDef H1Core_methods[] = {
     {"data_received", (PyCFunction)H1Core_data_received, METH_O, NULL},
+    {"on_header", (PyCFunction)(void (*)(void))H1Core_on_header, METH_FASTCALL, NULL},
     {"on_chunk_header", (PyCFunction)H1Core_on_chunk_header, METH_NOARGS, NULL},
     {"on_chunk_complete", (PyCFunction)H1Core_on_chunk_complete, METH_NOARGS, NULL},
     {NULL},
@@ -351,6 +390,7 @@ typedef struct {
                           * them (no bound method objects held: two fewer objects a chunk
                           * touches, which costs more than the method lookups) */
     int fd; /* the socket, to write past the transport (uvloop_internals.direct_fd), or -1 */
+    PyObject *fd_of; /* what gives `fd` (`direct_fd`), until the first write asks it; or NULL */
     vectorcallfunc vectorcall;
     /* Where the four fields read per chunk sit in `flow` and `cycle` (see `slot_of`) */
     Py_ssize_t write_paused, disconnected, response_complete, chunked_encoding;
@@ -453,6 +493,27 @@ static PyObject *framed_rest(const char *head, int head_len, PyObject *body, Py_
     return out;
 }
 
+/* The descriptor from `fd_of(transport)`, asked once, at the first write: -1 for None (the
+ * transport's own `write` then, and the transport is not held any more). 0, or -1 on error. */
+static int resolve_fd(ChunkWriter *self) {
+    PyObject *fd_of = self->fd_of;
+    self->fd_of = NULL;
+    PyObject *r = PyObject_CallOneArg(fd_of, self->transport);
+    Py_DECREF(fd_of);
+    if (r == NULL) return -1;
+    long fd = r == Py_None ? -1 : PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (fd == -1 && PyErr_Occurred()) return -1;
+    if (fd < 0 || fd > INT_MAX) {
+        self->fd = -1;
+        Py_CLEAR(self->transport); /* only the fast path calls it */
+        return 0;
+    }
+    if (remember_fd_type(self->transport) < 0) return -1; /* 0: called by name, as the closure */
+    self->fd = (int)fd;
+    return 0;
+}
+
 /* def send_nowait(body: bytes) -> bool */
 static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
@@ -477,6 +538,8 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
     Py_ssize_t n = PyBytes_GET_SIZE(body), sent = 0;
     char head[24];
     int head_len = hex_line(head, (size_t)n);
+    /* if fd_of is not None: fd, fd_of = fd_of(transport), None */
+    if (self->fd_of != NULL && resolve_fd(self) < 0) return NULL;
     /* if (fd is not None and not transport.is_closing()
      *         and not transport.get_write_buffer_size()): */
     if (self->fd >= 0) {
@@ -510,9 +573,8 @@ static PyObject *ChunkWriter_call(ChunkWriter *self, PyObject *const *args, size
 }
 
 static PyObject *ChunkWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *cycle;
-    int fd = -1;
-    if (!PyArg_ParseTuple(args, "O|i:ChunkWriter", &cycle, &fd)) return NULL;
+    PyObject *cycle, *fd_of = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O:ChunkWriter", &cycle, &fd_of)) return NULL;
     PyObject *flow = PyObject_GetAttr(cycle, str_flow);
     if (flow == NULL) return NULL;
     PyObject *transport = PyObject_GetAttr(cycle, str_transport);
@@ -524,19 +586,13 @@ static PyObject *ChunkWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
         Py_XDECREF(write);
         return NULL;
     }
-    if (fd < 0) Py_CLEAR(transport); /* only the fast path calls it */
-    else if (remember_fd_type(transport) < 0) { /* 0: called by name, as the closure */
-        Py_DECREF(flow);
-        Py_DECREF(transport);
-        Py_DECREF(write);
-        Py_DECREF(self);
-        return NULL;
-    }
+    if (fd_of == Py_None) Py_CLEAR(transport); /* only the fast path calls it */
     self->cycle = Py_NewRef(cycle);
     self->flow = flow;
     self->write = write;
     self->transport = transport;
-    self->fd = fd;
+    self->fd = -1;
+    self->fd_of = fd_of == Py_None ? NULL : Py_NewRef(fd_of);
     self->vectorcall = (vectorcallfunc)ChunkWriter_call;
     self->write_paused = slot_of(flow, str_write_paused);
     self->disconnected = slot_of(cycle, str_disconnected);
@@ -551,6 +607,7 @@ static int ChunkWriter_traverse(ChunkWriter *self, visitproc visit, void *arg) {
     Py_VISIT(self->flow);
     Py_VISIT(self->write);
     Py_VISIT(self->transport);
+    Py_VISIT(self->fd_of);
     return 0;
 }
 
@@ -559,6 +616,7 @@ static int ChunkWriter_clear(ChunkWriter *self) {
     Py_CLEAR(self->flow);
     Py_CLEAR(self->write);
     Py_CLEAR(self->transport);
+    Py_CLEAR(self->fd_of);
     return 0;
 }
 
@@ -576,7 +634,7 @@ static PyMemberDef ChunkWriter_members[] = {
 };
 
 static PyType_Slot ChunkWriter_slots[] = {
-    {Py_tp_doc, "ChunkWriter(cycle): the send_nowait write into a uvicorn response."},
+    {Py_tp_doc, "ChunkWriter(cycle, fd_of=None): the send_nowait write into a uvicorn response."},
     {Py_tp_new, ChunkWriter_new},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_dealloc, ChunkWriter_dealloc},
@@ -612,6 +670,7 @@ static int add_type(PyObject *module, PyType_Spec *spec, const char *name) {
 PyMODINIT_FUNC PyInit__core(void) {
     struct { PyObject **name; const char *text; } names[] = {
         {&str_abort, "abort"}, {&str_feed_failed, "_feed_failed"},
+        {&str_refuse_head, "_refuse_head"},
         {&str_after_feed, "_after_feed"}, {&str_feed_data, "feed_data"},
         {&str_flow, "flow"}, {&str_write_paused, "write_paused"},
         {&str_disconnected, "disconnected"}, {&str_response_complete, "response_complete"},

@@ -28,9 +28,9 @@ from middleware.types import SendNowait
 from sidecar.headers import chunked, lower_names
 from sidecar.servers.uvloop_internals import quiet_reads
 from sidecar.speedups import H1Core
+from sidecar.upstream.h1core import MAX_HEAD_BYTES
 from sidecar.upstream.types import Headers
 
-MAX_HEAD_BYTES = 65536
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 
@@ -45,14 +45,12 @@ class H1Connection(H1Core, asyncio.Protocol):
     __slots__ = (
         "_drain",
         "_framed",
-        "_head_bytes",
         "_head_request",
         "_informational",
         "_loop",
         "dead",
         "error",
         "head_done",
-        "headers",
         "idle_since",
         "keep_alive",
         "lost",
@@ -88,7 +86,7 @@ class H1Connection(H1Core, asyncio.Protocol):
     def begin(self, method: bytes) -> None:
         """Reset the exchange state for a request with `method`."""
         self.status = 0
-        self.headers: Headers = []
+        self.headers = []
         self.head_done = False
         self.complete = False
         self.keep_alive = False
@@ -168,11 +166,8 @@ class H1Connection(H1Core, asyncio.Protocol):
         if self.complete:  # a second response nobody asked for: stop before its body
             raise _Refused("a second response to one request")
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise _Refused(f"response headers exceed {MAX_HEAD_BYTES} bytes")
-        self.headers.append((name, value))
+    def _refuse_head(self) -> None:  # from `on_header` (H1Core's)
+        raise _Refused(f"response headers exceed {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None

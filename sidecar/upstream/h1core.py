@@ -16,6 +16,8 @@ and it would stand where it stands now. Anything else — a chunk cut across rea
 chunk, an extension, a malformed size — goes to the parser whole, which then says whether
 it stands between chunks again (`chunk_end`, kept by its chunk callbacks, and a read that
 ends with the chunk's CRLF).
+
+The response's headers are taken here too (`on_header`, httptools' callback for each).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import httptools
 from middleware.types import SendNowait
 
 PARSE_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
+MAX_HEAD_BYTES = 65536  # a response head's headers, each counted with its ": " and CRLF
 _HEX = b"0123456789abcdefABCDEF"
 MAX_SIZE_DIGITS = 8  # a larger chunk goes to the parser
 
@@ -52,15 +55,35 @@ def whole_chunks(data: bytes) -> list[bytes] | None:
 class H1Core:
     """What `data_received` reads and writes of a connection; see the module docstring."""
 
-    __slots__ = ("_parser", "at_boundary", "chunk_end", "chunks", "complete", "received", "sink")
+    __slots__ = (
+        "_head_bytes",
+        "_parser",
+        "at_boundary",
+        "chunk_end",
+        "chunks",
+        "complete",
+        "headers",
+        "received",
+        "sink",
+    )
 
     _parser: httptools.HttpResponseParser | None
+    headers: list[tuple[bytes, bytes]]  # the response's, as read
+    _head_bytes: int  # their size so far
     chunks: list[bytes]  # body bytes parsed and not yet taken
     complete: bool  # the response has ended
     received: bool  # any response byte
     sink: SendNowait | None  # takes body chunks first (Body.push_to)
     at_boundary: bool  # the parser stands between chunks of a chunked body
     chunk_end: bool  # the parser's last event ended a chunk, or a chunked response's head
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """httptools' callback: one response header (per header of every response, so it is
+        part of the compiled core: on the way to each stream's first token)."""
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse_head()
+        self.headers.append((name, value))
 
     def on_chunk_header(self) -> None:
         """httptools' callback: a chunk's size line is read."""
@@ -71,6 +94,10 @@ class H1Core:
         self.chunk_end = True
 
     def abort(self) -> None:
+        raise NotImplementedError
+
+    def _refuse_head(self) -> None:
+        """Stop the parse: the head is over `MAX_HEAD_BYTES` (raises)."""
         raise NotImplementedError
 
     def _feed_failed(self, exc: Exception) -> None:

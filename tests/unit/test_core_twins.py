@@ -849,6 +849,33 @@ def test_a_chunk_goes_to_the_socket_itself_while_the_transport_holds_nothing(
 
 
 @pytest.mark.parametrize("twin", TWINS)
+def test_the_descriptor_is_asked_at_the_first_write_and_only_once(
+    twin: str, pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asking uvloop's transport for its socket is a system call, and the writer is made on
+    the way to the stream's first token: the writer asks for the descriptor at its first
+    write (after that token, which `send` writes), once, and not again for later chunks; a
+    writer that refuses before it needs the descriptor (the response not started) does not
+    ask either."""
+    ours, peer = pair
+    transport, asked = Past(), []
+    cycle: Any = SimpleNamespace(disconnected=False, response_complete=False)
+    cycle.chunked_encoding, cycle.transport = None, transport  # the head not yet written
+    cycle.flow = SimpleNamespace(write_paused=False)
+    monkeypatch.setattr(nowait, "direct_fd", lambda t: asked.append(t) or ours.fileno())
+    if twin == "compiled":
+        _need(compiled_sidecar, twin)
+    else:
+        monkeypatch.setattr(nowait, "core", None)
+    write = nowait.send_nowait(cycle)
+    assert asked == []
+    assert write(b"x") is False and asked == []  # refused: the response has not started
+    cycle.chunked_encoding = True
+    assert write(b"a") is True and write(b"b") is True
+    assert asked == [transport] and drain(peer) == b"1\r\na\r\n1\r\nb\r\n"
+
+
+@pytest.mark.parametrize("twin", TWINS)
 @pytest.mark.parametrize("state", [{"held": 1}, {"closing": True}])
 @pytest.mark.parametrize("kind", [Past, SlotPast])
 def test_a_transport_holding_bytes_or_closing_writes_the_chunk_itself(
@@ -1194,6 +1221,33 @@ def test_a_chunked_body_cut_anywhere_is_the_body_httptools_reads(
         taken = before and h1core.whole_chunks(data) is not None
         assert len(fed) == count + (not taken)
     assert b"".join(body) == b"".join(payloads) and c.complete is True
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_response_headers_are_kept_in_order_up_to_the_head_limit(twin: str) -> None:
+    """Each header httptools reads is kept as (name, value), in order, and counted with its
+    ": " and CRLF: a head of exactly `MAX_HEAD_BYTES` is kept whole; one byte more and the
+    connection's `_refuse_head` stops the parse, the header past the limit not kept."""
+    c = connection(twin)
+
+    class Refused(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Refused
+
+    c.headers, c._head_bytes, c.events = [], 0, []
+    type(c)._refuse_head = lambda self: refuse()
+    c.on_header(b"content-type", b"text/event-stream")
+    c.on_header(b"x-a", b"")
+    assert c.headers == [(b"content-type", b"text/event-stream"), (b"x-a", b"")]
+    assert c._head_bytes == len(b"content-type: text/event-stream\r\n") + len(b"x-a: \r\n")
+    rest = h1core.MAX_HEAD_BYTES - c._head_bytes - len(b"x-b: \r\n")
+    c.on_header(b"x-b", b"v" * rest)  # exactly the limit
+    assert c._head_bytes == h1core.MAX_HEAD_BYTES and len(c.headers) == 3
+    with pytest.raises(Refused):
+        c.on_header(b"x", b"")
+    assert len(c.headers) == 3
 
 
 @pytest.mark.parametrize("twin", TWINS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn._types import HTTPScope
@@ -67,15 +68,20 @@ def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
     socket itself while the transport holds no bytes, and only what the socket did not take
     goes through the transport. Compiled where built: `sidecar/_core.c`'s `ChunkWriter`,
     this closure line for line."""
-    transport = cycle.transport  # the connection's: fixed for the cycle
-    fd = direct_fd(transport)
+    # The descriptor is looked up at the first write that could use it, not here: asking
+    # uvloop's transport for its socket costs a system call, and this runs on the way to the
+    # stream's first token, which `send` writes (the head is held for it: `cycle`).
+    fd_of: Callable[[asyncio.BaseTransport], int | None] | None = direct_fd
     if core is not None:
-        writer: SendNowait = core.ChunkWriter(cycle, -1 if fd is None else fd)
+        writer: SendNowait = core.ChunkWriter(cycle, fd_of)
         return writer
 
+    transport = cycle.transport  # the connection's: fixed for the cycle
     flow, write = cycle.flow, transport.write
+    fd: int | None = None
 
     def send_nowait(body: bytes) -> bool:
+        nonlocal fd, fd_of
         # `chunked_encoding` is None until the response has started, and True only for a
         # chunked body (uvicorn's choice when no Content-Length was given).
         if (
@@ -86,6 +92,8 @@ def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
         ):
             return False
         framed = b"%x\r\n%b\r\n" % (len(body), body)
+        if fd_of is not None:
+            fd, fd_of = fd_of(transport), None
         if fd is not None and not transport.is_closing() and not transport.get_write_buffer_size():
             try:
                 sent = os.write(fd, framed)
