@@ -24,8 +24,10 @@ from middleware.types import Message, Send, SendNowait
 
 BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
-# The hot path compares against module globals, not class attributes.
-HEADERS, BODY, DONE = Phase.HEADERS, Phase.BODY, Phase.DONE
+# The hot path compares against module globals, not class attributes (read off its class, an
+# Enum member goes through EnumType's `__getattr__` hook: Python 3.11).
+START, HEADERS, BODY, DONE = Phase.START, Phase.HEADERS, Phase.BODY, Phase.DONE
+EVENT = LineState.EVENT
 
 
 class Chain:
@@ -71,7 +73,7 @@ class Relay(RelayCore):
         self.downstream = send
         # The server's synchronous body write, if it offers one (see `send_nowait`).
         self.server_nowait = server_nowait
-        self.phase = Phase.START
+        self.phase = START
         self.last_chunk = self.last_write = now
         self.first_token_at = None
         self.sending_since = None
@@ -80,7 +82,7 @@ class Relay(RelayCore):
         self.keepalives = 0  # written so far
         self.reason = None
         self.wrote_before_body = False  # a keep-alive went out before the first body byte
-        self.line_state = LineState.EVENT
+        self.line_state = EVENT
         self.scanner = None
         self.dialect: Dialect | None = None
         self.inflater = None

@@ -114,7 +114,7 @@ class SSEScanner:
     def __init__(self, max_line: int = 1 << 20) -> None:
         self.max_line = max_line
         self.truncated = 0  # lines cut because they exceeded max_line bytes
-        self._state = LineState.EVENT
+        self._state = _E
         self._parts: list[bytes] = []  # the incomplete last line (at the start: a partial BOM)
         self._pending = 0  # its length in bytes, at most max_line
         self._start = True  # the BOM check is still to do

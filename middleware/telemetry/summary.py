@@ -49,6 +49,8 @@ PROVIDERS = {
 FAILURE_VALUES = frozenset(o.value for o in FAILURES)
 _ERROR_REASONS = ("error",)
 _REFUSED = frozenset({Outcome.REJECTED_OVERLOAD.value, Outcome.REJECTED_DRAINING.value})
+# Read off its class, an Enum member goes through EnumType's `__getattr__` hook (Python 3.11).
+COMPLETED, UPSTREAM_ERROR = Outcome.COMPLETED, Outcome.UPSTREAM_ERROR
 
 
 class Cycle(Protocol):
@@ -173,8 +175,8 @@ class Summary:
         outcome = cycle.outcome
         if isinstance(failure, asyncio.CancelledError):
             failure = None  # the server cancelled the request task: not the app's failure
-        elif failure is not None and outcome is Outcome.COMPLETED:
-            outcome = Outcome.UPSTREAM_ERROR
+        elif failure is not None and outcome is COMPLETED:
+            outcome = UPSTREAM_ERROR
         self.failure = failure
         self.outcome = outcome
         status = self.status = cycle.status or (500 if failure is not None else 0)
@@ -183,7 +185,7 @@ class Summary:
         error_type: str | None = None
         if outcome_value in _REFUSED:
             error_type = outcome_value
-        elif outcome is Outcome.UPSTREAM_ERROR and cycle.error is None and failure is None:
+        elif outcome is UPSTREAM_ERROR and cycle.error is None and failure is None:
             error_type = str(status)  # the upstream's own 5xx, passed through
         elif outcome_value in FAILURE_VALUES:
             error_type = outcome_value
@@ -235,7 +237,7 @@ class Summary:
             # The server's own count, or the content-carrying chunks relayed (an early end
             # without continuous usage: no count came).
             self.usage_source = "reported" if output is not None else "counted"
-            if outcome is Outcome.COMPLETED:
+            if outcome is COMPLETED:
                 self.finish_reasons = tuple(stats.finish_reasons)
             else:
                 self.finish_reasons = _ERROR_REASONS
