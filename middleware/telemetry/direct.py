@@ -50,6 +50,10 @@ from middleware.telemetry.otlp_encoder import EncodedSpan, Encoder
 
 # W3C Trace Context level 2's random flag, where the installed API knows it (as the SDK sets it).
 _RANDOM_TRACE_ID: int = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+# Module globals: read off its class per span, an Enum member goes through EnumType's
+# `__getattr__` hook (Python 3.11), and a class attribute through the type's generic lookup.
+_DROP, _SAMPLE = Decision.DROP, Decision.RECORD_AND_SAMPLE
+_SAMPLED, _DEFAULT = TraceFlags.SAMPLED, TraceFlags.DEFAULT
 
 
 class DirectSpan:
@@ -118,16 +122,16 @@ class DirectSpans:
         if policy is None:
             result = self.sampler.should_sample(parent, trace_id, name, self.kind, attributes)
             decision, trace_state = result.decision, result.trace_state
-            recorded = None if decision is Decision.DROP else dict(result.attributes or {})
+            recorded = None if decision is _DROP else dict(result.attributes or {})
         else:  # the SDK's default samplers, decided here as they decide (without their calls)
             sampled = policy == ALWAYS_ON or (
                 policy == PARENT_BASED_ALWAYS_ON
                 and (parent_context is None or parent_context.trace_flags.sampled)
             )
-            decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+            decision = _SAMPLE if sampled else _DROP
             trace_state = None if parent_context is None else parent_context.trace_state
             recorded = dict(attributes) if sampled else None
-        flags = TraceFlags.SAMPLED if decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
+        flags = _SAMPLED if decision is _SAMPLE else _DEFAULT
         context = SpanContext(
             trace_id,
             self.ids.generate_span_id(),
