@@ -15,15 +15,20 @@ slowloris client per file descriptor holds the sidecar open forever. So:
 - `CONNECT` (authority-form target, which uvicorn cannot parse into a path) gets 405, like
   `TRACE` does in the proxy, instead of uvicorn's 400.
 
-Deliberate: the timer is armed per connection and per request head, never per read; reads
+Deliberate: the deadline is set per connection and per request head, never per read; reads
 only add to a byte count. The answers are written straight to the transport: no ASGI
-request exists yet.
+request exists yet. The deadlines of a listener's connections share one loop timer
+(`HeadDeadlines`): each new connection sets one on its way to its stream's first token,
+where a loop timer of its own (uvloop: a handle and a libuv timer made, started, stopped and
+closed) cost more than the dict entry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+from typing import Protocol
 
 _REASONS = {
     405: b"Method Not Allowed",
@@ -41,6 +46,52 @@ def _answer(status: int, code: str, message: str, extra: bytes = b"") -> bytes:
     )
 
 
+class HeadWaiter(Protocol):
+    def _head_timed_out(self) -> None: ...
+
+
+class HeadDeadlines:
+    """The request-head deadlines of one listener's connections on one loop, all `timeout`
+    seconds long: kept in the order they were set, which is the order they fall due, under
+    one loop timer set for the first. Setting one is a dict insert, clearing it a dict pop;
+    a cleared deadline leaves the loop timer as it is, which when it fires finds the next one
+    due and is set for it (or for none)."""
+
+    __slots__ = ("loop", "pending", "timeout", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self.pending: dict[HeadWaiter, float] = {}  # connection -> when, in that order
+        self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self, waiter: HeadWaiter) -> None:
+        """`waiter._head_timed_out()` once `timeout` seconds have passed, unless cleared."""
+        pending = self.pending
+        pending.pop(waiter, None)  # set again: its place moves to the end, with its time
+        when = pending[waiter] = self.loop.time() + self.timeout
+        if self.timer is None:
+            self._set(when)
+
+    def disarm(self, waiter: HeadWaiter) -> None:
+        self.pending.pop(waiter, None)
+
+    def _set(self, when: float) -> None:
+        # An empty context: the callbacks are the connections', none the arming request's.
+        self.timer = self.loop.call_at(when, self._fire, context=contextvars.Context())
+
+    def _fire(self) -> None:
+        self.timer = None
+        pending, now = self.pending, self.loop.time()
+        while pending:
+            waiter, when = next(iter(pending.items()))
+            if when > now:
+                self._set(when)
+                return
+            del pending[waiter]
+            waiter._head_timed_out()
+
+
 class HeadLimits:
     """The request-head deadline, size cap and CONNECT answer (see the module docstring):
     armed, counted and checked from the protocol's callbacks, the answers written straight
@@ -50,7 +101,9 @@ class HeadLimits:
     max_head_bytes: int = 32768 + 8192
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
-    _head_timer: asyncio.TimerHandle | None
+    # The class's deadlines (one per listener class and loop), made at the first connection
+    _deadlines: HeadDeadlines | None = None
+    _head_timer: HeadDeadlines | None  # the deadlines this connection's is set in, if any
     _head_bytes: int
     _in_head: bool  # between requests or inside a request head
     _began: bool  # a request's first byte came and its head is not complete
@@ -69,12 +122,19 @@ class HeadLimits:
 
     def _arm(self) -> None:
         self._disarm()
-        if self.header_timeout is not None:
-            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+        if self.header_timeout is None:
+            return
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not self.loop:
+            # A listener's class serves one loop; another loop (a second server of the
+            # class) gets its own, and the connections of the first keep theirs.
+            deadlines = type(self)._deadlines = HeadDeadlines(self.loop, self.header_timeout)
+        deadlines.arm(self)
+        self._head_timer = deadlines
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
-            self._head_timer.cancel()
+            self._head_timer.disarm(self)
             self._head_timer = None
 
     def _head_timed_out(self) -> None:
