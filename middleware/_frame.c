@@ -1,7 +1,7 @@
-/* middleware/_frame.c: `Frame` of middleware/frame.py, compiled.
+/* middleware/_frame.c: `Frame` and `first_token` of middleware/frame.py, compiled.
  *
  * The same class, line for line: the same fields (as C members), `__init__` and `matches`,
- * each Python line as a comment above its C. Read it beside frame.py; a change to one is a
+ * each Python line as a comment above its C; and the same function. Read it beside frame.py; a change to one is a
  * change to the other (the test suite runs once with each: SIDESTREAM_NO_EXTENSIONS=1 picks
  * the Python one, and tests/unit/test_core_twins.py runs both on the same bodies).
  *
@@ -9,9 +9,11 @@
  * `body[i:j]` does, so that the two agree on any frame and any body, odd ones included.
  * A frame holds only bytes, so it takes no part in reference cycles (no GC header).
  */
+#define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 
 typedef struct {
     PyObject_HEAD
@@ -192,8 +194,73 @@ static PyType_Spec Frame_spec = {
     .slots = Frame_slots,
 };
 
+/* -- first_token ------------------------------------------------------------------------- */
+
+/* `data.find(needle, start)` for bytes */
+static Py_ssize_t find(PyObject *data, PyObject *needle, Py_ssize_t start) {
+    Py_ssize_t n = PyBytes_GET_SIZE(data), m = PyBytes_GET_SIZE(needle);
+    if (start > n) return -1;
+    const char *at = memmem(PyBytes_AS_STRING(data) + start, (size_t)(n - start),
+                            PyBytes_AS_STRING(needle), (size_t)m);
+    return at == NULL ? -1 : at - PyBytes_AS_STRING(data);
+}
+
+/* def first_token(parts, literal, keys) -> bool | None */
+static PyObject *first_token(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyBytes_Check(args[1]) ||
+        !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) == 0) {
+        PyErr_SetString(PyExc_TypeError, "first_token(parts: list, literal: bytes, keys: tuple)");
+        return NULL;
+    }
+    PyObject *parts = args[0], *literal = args[1], *keys = args[2];
+    Py_ssize_t nkeys = PyTuple_GET_SIZE(keys);
+    for (Py_ssize_t k = 0; k < nkeys; k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(keys, k))) {
+            PyErr_SetString(PyExc_TypeError, "first_token: keys of bytes");
+            return NULL;
+        }
+    }
+    /* size = len(literal) */
+    Py_ssize_t size = PyBytes_GET_SIZE(literal);
+    /* for data in parts: */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parts); i++) {
+        PyObject *data = PyList_GET_ITEM(parts, i);
+        if (!PyBytes_Check(data)) {
+            PyErr_SetString(PyExc_TypeError, "first_token: parts of bytes");
+            return NULL;
+        }
+        const char *b = PyBytes_AS_STRING(data);
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        /* rest = keys */
+        Py_ssize_t first_key = 0;
+        /* at = data.find(literal) */
+        Py_ssize_t at = find(data, literal, 0);
+        /* if at >= 0: */
+        if (at >= 0) {
+            /* if data[at + size : at + size + 1] not in (b'"', b""): return True */
+            if (at + size < n && b[at + size] != '"') Py_RETURN_TRUE;
+            /* if data.find(keys[0]) == at and data.find(keys[0], at + 1) < 0:
+             *     rest = keys[1:] */
+            PyObject *key = PyTuple_GET_ITEM(keys, 0);
+            if (find(data, key, 0) == at && find(data, key, at + 1) < 0) first_key = 1;
+        }
+        /* for key in rest: if data.find(key) >= 0: return None */
+        for (Py_ssize_t k = first_key; k < nkeys; k++) {
+            if (find(data, PyTuple_GET_ITEM(keys, k), 0) >= 0) Py_RETURN_NONE;
+        }
+    }
+    /* return False */
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"first_token", (PyCFunction)(void (*)(void))first_token, METH_FASTCALL,
+     "first_token(parts, literal, keys): middleware.frame.first_token, compiled."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "middleware._frame", NULL, -1, NULL,
+    PyModuleDef_HEAD_INIT, "middleware._frame", NULL, -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__frame(void) {

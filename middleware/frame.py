@@ -1,10 +1,12 @@
 """A stream's learned token chunk (`Frame`): how the relay's token path counts a token without
-parsing it (see `OpenAIChat.count_chunk`, which learns it, and `RelayCore.send_nowait`).
+parsing it (see `OpenAIChat.count_chunk`, which learns it, and `RelayCore.send_nowait`); and
+the first-token check of a chunk of whole events, on their bytes (`first_token`).
 
-`middleware/_frame.c` is the same class compiled, line for line (the Python lines as
-comments above the C, in the same order); `middleware.speedups` picks it where it was built
-and `SIDESTREAM_NO_EXTENSIONS` is not set. Keep the two in step: a change here is a change
-there. Compiled, so that the compiled relay core decides a token chunk with no Python frame.
+`middleware/_frame.c` is the same class and function compiled, line for line (the Python
+lines as comments above the C, in the same order); `middleware.speedups` picks them where
+they were built and `SIDESTREAM_NO_EXTENSIONS` is not set. Keep the two in step: a change
+here is a change there. Compiled, so that the compiled relay core decides a token chunk
+with no Python frame, and a stream's first token is found without an event object made.
 """
 
 from __future__ import annotations
@@ -70,3 +72,28 @@ class Frame:
             return False
         self.varies = True  # a tail per chunk: check it first from now on
         return True
+
+
+def first_token(parts: list[bytes], literal: bytes, keys: tuple[bytes, ...]) -> bool | None:
+    """Does one of these events (the data of whole one-line `data:` events, in order: see
+    `SSEScanner.whole_data`) carry a token, by `OpenAIChat.is_token`'s rule on their bytes
+    (`literal` and `keys` are its `_literal` and `_token_keys`, encoded): True at the first
+    that does, False when none does; None when an event needs the rule's regex, which the
+    events themselves then decide (`Relay._scan`).
+
+    The same answers as `is_token` on each event's text: the needles are ASCII, which
+    decoding (invalid bytes to U+FFFD) neither makes nor breaks, and the rule compares their
+    positions only with each other."""
+    size = len(literal)
+    for data in parts:
+        rest = keys
+        at = data.find(literal)
+        if at >= 0:
+            if data[at + size : at + size + 1] not in (b'"', b""):
+                return True
+            if data.find(keys[0]) == at and data.find(keys[0], at + 1) < 0:
+                rest = keys[1:]
+        for key in rest:
+            if data.find(key) >= 0:
+                return None
+    return False

@@ -179,6 +179,13 @@ class Relay(RelayCore):
         assert scanner is not None
         dialect = self.dialect
         parts = scanner.whole_data(body)
+        if parts is not None and dialect is not None:
+            found = dialect.first_token(parts)  # on the bytes: no event made, mostly
+            if found is not None:
+                if found:
+                    self.first_token_at = now
+                    self.scanner = None  # nothing more to learn per chunk
+                return
         # Made one at a time: the scan stops at the first token, and makes no event after it.
         events = scanner.feed(body) if parts is None else map(message_event, parts)
         for event in events:

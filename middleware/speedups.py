@@ -34,7 +34,7 @@ def compiled(name: str) -> ModuleType | None:
 
 
 if TYPE_CHECKING:
-    from middleware.frame import Frame
+    from middleware.frame import Frame, first_token
     from middleware.relaycore import RelayCore
 else:
     _core = compiled("middleware._relaycore")
@@ -44,8 +44,8 @@ else:
         from middleware.relaycore import RelayCore
     _frame = compiled("middleware._frame")
     if _frame is not None:
-        Frame = _frame.Frame
+        Frame, first_token = _frame.Frame, _frame.first_token
     else:
-        from middleware.frame import Frame
+        from middleware.frame import Frame, first_token
 
-__all__ = ["Frame", "RelayCore", "compiled"]
+__all__ = ["Frame", "RelayCore", "compiled", "first_token"]

@@ -140,6 +140,12 @@ class Dialect:
     def is_token(self, event: Event) -> bool:
         return event.data != "[DONE]" and event.data != ""
 
+    def first_token(self, parts: list[bytes]) -> bool | None:
+        """Does one of these events carry a token, decided on their bytes (`parts`: the
+        data of whole one-line `data:` events), without making the events: True, False, or
+        None where the events must be made and asked (`is_token`). None here: always."""
+        return None
+
     def observe(self, event: Event, stats: StreamStats) -> None:
         """Update `stats` from one event. Never raises on malformed data."""
         stats.events += 1

@@ -16,7 +16,7 @@ from middleware.dialects.base import (
     _type,
     _usage,
 )
-from middleware.speedups import Frame
+from middleware.speedups import Frame, first_token
 from middleware.sse import CR, Event
 
 _CHAT_TOKEN = re.compile(
@@ -53,6 +53,17 @@ class OpenAIChat(Dialect):
     _key = b'"content":'
     _key_empty = b'"content":""'
     _key_null = b'"content":null'
+
+    def __init__(self) -> None:
+        # `is_token`'s needles as bytes, for `first_token` (instance fields: read per call).
+        self._literal_bytes = self._literal.encode()
+        self._keys_bytes = tuple(key.encode() for key in self._token_keys)
+
+    def first_token(self, parts: list[bytes]) -> bool | None:
+        """`is_token`'s rule on each event's bytes (`frame.first_token`, compiled where
+        built): a stream's first token found without its events made, the regex's cases
+        excepted (None)."""
+        return first_token(parts, self._literal_bytes, self._keys_bytes)
 
     def is_token(self, event: Event) -> bool:
         data = event.data

@@ -134,6 +134,23 @@ async def test_first_token_timeout_ignores_role_chunk(server: Server) -> None:
     assert probe.cancelled_at is not None
 
 
+async def test_a_reasoning_delta_is_the_first_token() -> None:
+    """A reasoning model's first delta (`reasoning_content`, no content yet) is its first
+    token: the first-token timeout does not fire while it reasons, though its content comes
+    later than the timeout. The role chunk and the reasoning delta come in one read, as a
+    fast upstream writes them: the first-token check on their bytes hands this one to the
+    events."""
+    reasoning = ROLE + (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":'
+        b'[{"index":0,"delta":{"reasoning_content":"hm"},"finish_reason":null}]}\n\n'
+    )
+    app = scripted([(0, reasoning), (0.6, chunk("a")), (0, DONE)])
+    async with serve(StreamGuard(app, first_token_timeout=0.3, keepalive_interval=0.1)) as port:
+        status, _, body = await fetch(port)
+    assert status == 200 and b"first_token_timeout" not in body
+    assert parse(body)[-1][1] == "[DONE]"
+
+
 async def test_idle_and_max_duration_end_the_stream_cleanly() -> None:
     """idle_timeout and max_duration each end the stream with their own terminal event."""
     idle = scripted([(0, ROLE), (0, chunk("a")), (10, chunk("b"))])

@@ -552,6 +552,59 @@ def test_a_frame_takes_its_slices_as_python_does(
     assert make_frame(twin, *parts).matches(body) is matches
 
 
+# -- first_token ---------------------------------------------------------------------------
+
+_TOKEN_BITS = [
+    b'"content":"', b'"content":""', b'"content": "x"', b'"content":null', b'"content"',
+    b'"reasoning_content":"r"', b'"reasoning":""', b'"refusal":"no"', b'"arguments":"{}"',
+    b'"text":"', b'"text":""', b'"text" : "t"', b'x', b'"', b'\\"', b"\xc3\xa9", b"\xff",
+    b"\xc2\xa0", b" ", b"{", b"}", b'"role":"assistant"', b"[DONE]",
+]  # fmt: skip
+
+
+def _first_token_twin(twin: str) -> Any:
+    _need(compiled_frame, twin)
+    return frame.first_token if twin == "python" else compiled_frame.first_token
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(_TOKEN_BITS), max_size=6).map(b"".join), max_size=4),
+    st.sampled_from(["chat", "completions"]),
+)
+@example([b'{"delta":{"role":"assistant","content":""}}', b'{"delta":{"content":"Hi"}}'], "chat")
+def test_first_token_on_bytes_is_is_token_on_the_events(parts: list[bytes], kind: str) -> None:
+    """The first-token check on the events' bytes gives the same answer compiled and in
+    Python; and any answer it gives (None: ask the events) is `is_token`'s on the events
+    made from those bytes, whatever the bytes (non-ASCII, invalid UTF-8, spaces, the keys
+    inside other strings): True when one of them is a token, False when none is."""
+    from middleware.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS
+    from middleware.sse import message_event
+
+    dialect = OPENAI_CHAT if kind == "chat" else OPENAI_COMPLETIONS
+    literal, keys = dialect._literal_bytes, dialect._keys_bytes
+    python = frame.first_token(parts, literal, keys)
+    if compiled_frame is not None:
+        assert compiled_frame.first_token(parts, literal, keys) is python
+    if python is not None:
+        assert python is any(dialect.is_token(message_event(part)) for part in parts)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_role_chunk_then_a_token_is_decided_on_the_bytes(twin: str) -> None:
+    """A chat stream's usual start, the role chunk (empty content) and a token: decided on
+    the bytes (no event made), not handed back; a reasoning delta is the regex's case."""
+    first_token = _first_token_twin(twin)
+    from middleware.dialects import OPENAI_CHAT as chat
+
+    role = b'{"choices":[{"delta":{"role":"assistant","content":""}}]}'
+    token = b'{"choices":[{"delta":{"content":"Hi"}}]}'
+    assert first_token([role], chat._literal_bytes, chat._keys_bytes) is False
+    assert first_token([role, token], chat._literal_bytes, chat._keys_bytes) is True
+    thinking = b'{"choices":[{"delta":{"reasoning_content":"hm"}}]}'
+    assert first_token([thinking], chat._literal_bytes, chat._keys_bytes) is None
+
+
 # -- RelayCore's token path --------------------------------------------------------------
 
 
