@@ -26,6 +26,7 @@ static PyObject *ZERO = NULL;
 static PyObject *RULES_TWIN = NULL, *HOP_BY_HOP = NULL, *DROPPED = NULL;
 static PyObject *RESPONSE_TWIN = NULL; /* sidecar.headers._response_headers */
 static PyObject *READ_TWIN = NULL; /* uvicorn_internals.connection._read_headers */
+static PyObject *STR_JOIN = NULL; /* "join" */
 static PyObject *HOST, *ACCEPT_ENCODING, *IDENTITY, *X_FORWARDED_FOR, *X_FORWARDED_PROTO,
     *X_FORWARDED_HOST, *COMMA_SPACE, *VERSIONS[3];
 
@@ -201,6 +202,44 @@ fail:
 /* ---- request_rules ------------------------------------------------------------------- */
 
 /* sidecar.headers, at the first request (it imports this module while it loads) */
+/* The names of one of the two constant sets above, as C strings: `name in set` for a name
+ * read from a request (a new bytes object, its hash not yet computed) is a few length checks
+ * and compares, not a hash of it. `count` -1: not listed (a set member not bytes, or too
+ * many), and the set is asked. */
+#define MAX_LISTED 32
+typedef struct {
+    Py_ssize_t count;
+    Py_ssize_t size[MAX_LISTED];
+    const char *text[MAX_LISTED]; /* the set's own bytes: the set is held for good */
+} Listed;
+static Listed HOP_LISTED, DROPPED_LISTED;
+
+static int list_names(PyObject *set, Listed *listed) {
+    listed->count = 0;
+    PyObject *iter = PyObject_GetIter(set), *name;
+    if (iter == NULL) return -1;
+    while ((name = PyIter_Next(iter)) != NULL) {
+        if (!PyBytes_CheckExact(name) || listed->count == MAX_LISTED) listed->count = -1;
+        if (listed->count >= 0) {
+            listed->size[listed->count] = PyBytes_GET_SIZE(name);
+            listed->text[listed->count++] = PyBytes_AS_STRING(name);
+        }
+        Py_DECREF(name);
+    }
+    Py_DECREF(iter);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* `name in set`, `set` being the one `listed` lists: 1, 0, or -1 on error */
+static int in_listed(Listed *listed, PyObject *set, PyObject *name) {
+    if (listed->count < 0) return PySet_Contains(set, name);
+    Py_ssize_t size = PyBytes_GET_SIZE(name);
+    const char *text = PyBytes_AS_STRING(name);
+    for (Py_ssize_t i = 0; i < listed->count; i++)
+        if (listed->size[i] == size && memcmp(listed->text[i], text, size) == 0) return 1;
+    return 0;
+}
+
 static int load_rules(void) {
     if (RULES_TWIN != NULL) return 0;
     PyObject *module = PyImport_ImportModule("sidecar.headers");
@@ -210,10 +249,12 @@ static int load_rules(void) {
     RULES_TWIN = DROPPED ? PyObject_GetAttrString(module, "_request_rules") : NULL;
     RESPONSE_TWIN = RULES_TWIN ? PyObject_GetAttrString(module, "_response_headers") : NULL;
     Py_DECREF(module);
-    if (RESPONSE_TWIN == NULL) {
+    if (RESPONSE_TWIN == NULL || list_names(HOP_BY_HOP, &HOP_LISTED) < 0 ||
+        list_names(DROPPED, &DROPPED_LISTED) < 0) {
         Py_CLEAR(HOP_BY_HOP);
         Py_CLEAR(DROPPED);
         Py_CLEAR(RULES_TWIN);
+        Py_CLEAR(RESPONSE_TWIN);
         return -1;
     }
     return 0;
@@ -348,7 +389,10 @@ static PyObject *forwarded_for(PyObject *prior, PyObject *client) {
         Py_DECREF(parts);
         Py_RETURN_NONE;
     }
-    PyObject *joined = PyObject_CallMethod(COMMA_SPACE, "join", "O", parts);
+    /* b", ".join(parts): one part (the peer alone, the usual) is what join gives for it */
+    PyObject *joined = PyList_GET_SIZE(parts) == 1
+                           ? Py_NewRef(PyList_GET_ITEM(parts, 0))
+                           : PyObject_CallMethodOneArg(COMMA_SPACE, STR_JOIN, parts);
     Py_DECREF(parts);
     return joined;
 fail:
@@ -402,7 +446,8 @@ static PyObject *upstream_headers(Seen *seen, PyObject **items, PyObject *names,
     if (out == NULL || append_pair(out, HOST, authority) < 0) goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *name = PyList_GET_ITEM(names, i);
-        int dropped = PySet_Contains(drop, name);
+        int dropped = drop == DROPPED ? in_listed(&DROPPED_LISTED, drop, name)
+                                      : PySet_Contains(drop, name);
         if (dropped < 0 || (!dropped && append_pair(out, name, PyTuple_GET_ITEM(items[i], 1)) < 0))
             goto fail;
     }
@@ -535,7 +580,8 @@ static PyObject *response_headers(PyObject *module, PyObject *headers) {
     if (out == NULL) goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *name = PyList_GET_ITEM(names, i), *item = items[i];
-        int dropped = PySet_Contains(hop, name);
+        int dropped = hop == HOP_BY_HOP ? in_listed(&HOP_LISTED, hop, name)
+                                        : PySet_Contains(hop, name);
         if (dropped < 0) goto fail;
         if (dropped) continue;
         int appended = name == PyTuple_GET_ITEM(item, 0) /* lower-case already: the pair */
@@ -618,7 +664,8 @@ PyMODINIT_FUNC PyInit__heads(void) {
         BAD_VALUE[c] = (c < 0x20 && c != '\t') || c == 0x7f;
     }
     ZERO = PyLong_FromLong(0);
-    if (ZERO == NULL) return NULL;
+    STR_JOIN = PyUnicode_InternFromString("join");
+    if (ZERO == NULL || STR_JOIN == NULL) return NULL;
     struct { PyObject **name; const char *text; } constants[] = {
         {&HOST, "host"}, {&ACCEPT_ENCODING, "accept-encoding"}, {&IDENTITY, "identity"},
         {&X_FORWARDED_FOR, "x-forwarded-for"}, {&X_FORWARDED_PROTO, "x-forwarded-proto"},
