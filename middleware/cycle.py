@@ -294,7 +294,7 @@ class Cycle(Relay):
             self.timers.disarm(self)  # a plain response: no deadlines once it has begun
             await self.downstream(message)
             return
-        media, encoding = kind
+        media, encoding, names = kind  # the names lower-cased, read once: for the headers too
         self._enter(HEADERS)
         self.streaming = True
         self.sse = media == b"text/event-stream"
@@ -304,7 +304,7 @@ class Cycle(Relay):
             self._start_sse()
         self.receiver.read_for_app()
         start: dict[str, Any] = dict(message)
-        start["headers"] = stream_headers(headers, decode=bool(encoding))
+        start["headers"] = stream_headers(headers, decode=bool(encoding), names=names)
         if self.sse and self.settings.resume is not None:
             self.settings.resume.begin(self, start)
         # No re-arm: what a start brings due (keep-alive, send) is a tick away or more, and the

@@ -48,8 +48,9 @@ _CLOSE_OPEN = {
 }
 
 
-def _lower_names(headers: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
-    # A C-level pass over all headers (no Python per header): this runs once per response.
+def lower_names(headers: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
+    """The names, lower-cased. A C-level pass over all headers (no Python per header): this
+    runs once per response, and its result serves `guarded` and `stream_headers` alike."""
     return list(map(bytes.lower, map(_name, headers)))
 
 
@@ -60,10 +61,13 @@ def _last(headers: Sequence[tuple[bytes, bytes]], names: list[bytes], name: byte
     return headers[len(names) - 1 - names[::-1].index(name)][1]
 
 
-def media_type(headers: Sequence[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+def media_type(
+    headers: Sequence[tuple[bytes, bytes]], names: list[bytes] | None = None
+) -> tuple[bytes, bytes]:
     """(media type, content-encoding) of a response, both lower-cased, b"" when absent (the
-    last header of each name counts)."""
-    names = _lower_names(headers)
+    last header of each name counts). `names`: `lower_names(headers)`, when already read."""
+    if names is None:
+        names = lower_names(headers)
     kind = _last(headers, names, b"content-type")
     encoding = _last(headers, names, b"content-encoding")
     return (
@@ -77,10 +81,12 @@ def guarded(
     status: int,
     method: str | None,
     content_types: frozenset[bytes],
-) -> tuple[bytes, bytes] | None:
-    """(media type, content-encoding) when the guard treats this response as a stream, else
-    None: its type is configured, any encoding is one it can decode, and it has a body."""
-    kind, encoding = media_type(headers)
+) -> tuple[bytes, bytes, list[bytes]] | None:
+    """(media type, content-encoding, the names lower-cased) when the guard treats this
+    response as a stream, else None: its type is configured, any encoding is one it can
+    decode, and it has a body. The names serve `stream_headers`: read once a response."""
+    names = lower_names(headers)
+    kind, encoding = media_type(headers, names)
     if (
         kind not in content_types
         or (encoding and encoding not in DECODABLE)
@@ -88,15 +94,18 @@ def guarded(
         or method == "HEAD"
     ):
         return None
-    return kind, encoding
+    return kind, encoding, names
 
 
 def stream_headers(
-    headers: Sequence[tuple[bytes, bytes]], *, decode: bool
+    headers: Sequence[tuple[bytes, bytes]], *, decode: bool, names: list[bytes] | None = None
 ) -> list[tuple[bytes, bytes]]:
-    """The response headers of a stream: framing and caching headers replaced."""
+    """The response headers of a stream: framing and caching headers replaced. `names`:
+    `lower_names(headers)`, when already read."""
     drop = _DROP_DECODED if decode else _DROP
-    kept = list(compress(headers, map(not_, map(drop.__contains__, _lower_names(headers)))))
+    if names is None:
+        names = lower_names(headers)
+    kept = list(compress(headers, map(not_, map(drop.__contains__, names))))
     kept.extend(STREAM_HEADERS)
     return kept
 
