@@ -162,7 +162,7 @@ class Cycle(Relay):
         try:
             receive: Receive = self.receiver.receive
             if (forcing := usage.prepare(self.scope, receive, settings.usage)) is not None:
-                receive, self.edit = await forcing
+                (receive, self.edit), forcing = await forcing, None  # not held while open
             await settings.app(self.scope, receive, self.send)
         except asyncio.CancelledError:
             if self.reason is None or (self.cancelled_task and task.uncancel() > base):

@@ -248,3 +248,34 @@ def test_bad_timeout_values_are_refused() -> None:
     """A zero or negative timeout is a configuration error, said at construction."""
     with pytest.raises(ValueError, match="idle_timeout"):
         StreamGuard(scripted([]), idle_timeout=0)
+
+
+async def test_forced_usages_reading_is_not_held_while_the_stream_is_open() -> None:
+    """Forced usage reads the request body in a coroutine of its own before the app runs;
+    once done it is not held by the request (an open stream would keep its ~300 bytes for
+    as long as it is open, thousands of them idle at once)."""
+    import weakref
+
+    from middleware import usage
+
+    kept: list[weakref.ref[Any]] = []
+    prepare = usage.prepare
+
+    def watched(*args: Any) -> Any:
+        forcing = prepare(*args)
+        if forcing is not None:
+            kept.append(weakref.ref(forcing))
+        return forcing
+
+    seen: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(bool(kept) and kept[0]() is None)  # while the app runs: gone
+        await scripted([(0, ROLE), (0, chunk("a")), (0, DONE)])(scope, receive, send)
+
+    usage.prepare = watched  # type: ignore[assignment]
+    try:
+        await run(StreamGuard(app, usage="force"), body=b'{"stream": true}')
+    finally:
+        usage.prepare = prepare  # type: ignore[assignment]
+    assert seen == [True]

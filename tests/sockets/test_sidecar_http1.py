@@ -584,3 +584,34 @@ def test_the_addresses_come_from_the_transport_not_the_socket(
         protocol.connection_lost(None)
     finally:
         loop.close()
+
+
+def test_connections_from_one_host_to_one_address_share_their_address_objects() -> None:
+    """Thousands of open streams from one client host to one listening address: each
+    connection's scope holds the same server address tuple and client host string as the
+    connection before it (equal values, one object: an idle stream holds no copies), and a
+    different address or host gets its own."""
+    config = uvicorn.Config(lambda *_: None, http="httptools", log_level="warning")
+    config.load()
+    protocol_class = traffic_protocol(load(["--upstream", "http://127.0.0.1:1"], environ={}))
+    loop = asyncio.new_event_loop()
+    try:
+        made = []
+        for sockname, peername in [
+            (("127.0.0.1", 8080), ("10.0.0.7", 50000)),
+            (("127.0.0.1", 8080), ("10.0.0.7", 50001)),
+            (("127.0.0.2", 8080), ("10.0.0.8", 50002)),
+        ]:
+            # new objects each time, as the event loop makes them per connection
+            local = ("".join(["127.0.0.", sockname[0][-1]]), sockname[1])
+            remote = ("".join(["10.0.0.", peername[0][-1]]), peername[1])
+            protocol = protocol_class(config, ServerState(), {}, _loop=loop)
+            protocol.connection_made(_Transport(local, remote))
+            made.append((protocol.server, protocol.client))
+            protocol.connection_lost(None)
+        (s1, c1), (s2, c2), (s3, c3) = made
+        assert s1 == s2 == ("127.0.0.1", 8080) and s1 is s2
+        assert c1 == ("10.0.0.7", 50000) and c2 == ("10.0.0.7", 50001) and c1[0] is c2[0]
+        assert s3 == ("127.0.0.2", 8080) and c3 == ("10.0.0.8", 50002)
+    finally:
+        loop.close()
