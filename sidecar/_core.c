@@ -496,11 +496,9 @@ static PyObject *framed_rest(const char *head, int head_len, PyObject *body, Py_
 /* The descriptor from `fd_of(transport)`, asked once, at the first write: -1 for None (the
  * transport's own `write` then, and the transport is not held any more). 0, or -1 on error. */
 static int resolve_fd(ChunkWriter *self) {
-    PyObject *fd_of = self->fd_of;
-    self->fd_of = NULL;
-    PyObject *r = PyObject_CallOneArg(fd_of, self->transport);
-    Py_DECREF(fd_of);
-    if (r == NULL) return -1;
+    PyObject *r = PyObject_CallOneArg(self->fd_of, self->transport);
+    if (r == NULL) return -1; /* asked again next time, as the closure would */
+    Py_CLEAR(self->fd_of);
     long fd = r == Py_None ? -1 : PyLong_AsLong(r);
     Py_DECREF(r);
     if (fd == -1 && PyErr_Occurred()) return -1;

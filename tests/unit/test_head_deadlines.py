@@ -24,6 +24,7 @@ class Loop:
     def __init__(self) -> None:
         self.now = 0.0
         self.handles: list[Handle] = []
+        self.errors: list[dict[str, object]] = []
 
     def time(self) -> float:
         return self.now
@@ -33,6 +34,9 @@ class Loop:
     ) -> Handle:
         self.handles.append(Handle(when, callback))
         return self.handles[-1]
+
+    def call_exception_handler(self, context: dict[str, object]) -> None:
+        self.errors.append(context)
 
     def run_until(self, now: float) -> None:
         """Move the clock to `now`, firing the loop timer each time it is due by then."""
@@ -110,3 +114,27 @@ def test_each_deadline_fires_once_at_its_last_setting_unless_cleared(
         assert len(loop.handles) <= 1  # one loop timer at most, whatever the count
     advance(loop.now + 10.0)
     assert fired == expected and not deadlines.pending and loop.handles == []
+
+
+def test_a_failing_connection_does_not_keep_the_others_deadlines_from_firing() -> None:
+    """A connection whose timeout handling raises is reported to the loop's exception
+    handler; the connections due with it and after it still time out, each at its time."""
+    loop, fired = Loop(), []
+    deadlines = HeadDeadlines(loop, 1.0)  # type: ignore[arg-type]
+
+    class Failing(Connection):
+        def _head_timed_out(self) -> None:
+            raise RuntimeError("broken")
+
+    a, bad, b = (
+        Connection("a", fired, loop),
+        Failing("bad", fired, loop),
+        Connection("b", fired, loop),
+    )
+    deadlines.arm(a)
+    deadlines.arm(bad)
+    loop.now = 0.5
+    deadlines.arm(b)
+    loop.run_until(5.0)
+    assert fired == [("a", 1.0), ("b", 1.5)]
+    assert [type(e["exception"]) for e in loop.errors] == [RuntimeError]

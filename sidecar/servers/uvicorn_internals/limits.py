@@ -82,14 +82,21 @@ class HeadDeadlines:
 
     def _fire(self) -> None:
         self.timer = None
-        pending, now = self.pending, self.loop.time()
+        pending, now, due = self.pending, self.loop.time(), []
         while pending:
             waiter, when = next(iter(pending.items()))
             if when > now:
                 self._set(when)
-                return
+                break
             del pending[waiter]
-            waiter._head_timed_out()
+            due.append(waiter)
+        for waiter in due:  # the timer is set again first: one connection's failure is its own
+            try:
+                waiter._head_timed_out()
+            except Exception as exc:
+                self.loop.call_exception_handler(
+                    {"message": "a request-head deadline failed", "exception": exc}
+                )
 
 
 class HeadLimits:
