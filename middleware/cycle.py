@@ -20,9 +20,11 @@ from time import monotonic
 from typing import Any, Protocol
 
 from middleware import timers, usage
-from middleware.deadlines import Expiry, Timeouts, expired, next_deadline
+from middleware.deadlines import KEEPALIVE, SEND, Expiry, Timeouts, expired, next_deadline
 from middleware.dialects import select
 from middleware.errors import (
+    COMPLETED,
+    SLOW_CLIENT,
     FirstTokenTimeout,
     IdleTimeout,
     MaxDuration,
@@ -32,7 +34,7 @@ from middleware.errors import (
     UpstreamError,
 )
 from middleware.framing import Inflater, error_response, guarded, stream_headers, terminal_event
-from middleware.phases import Phase
+from middleware.phases import DONE, HEADERS, PLAIN, START
 from middleware.receiver import Receiver
 from middleware.registry import StreamRegistry
 from middleware.relay import Relay
@@ -41,11 +43,7 @@ from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("sidestream")
 
-# Enum members the per-stream code reads, as module globals: read off its class, a member
-# goes through EnumType's `__getattr__` hook (Python 3.11), some 800 instructions each.
-START, PLAIN, HEADERS, DONE = Phase.START, Phase.PLAIN, Phase.HEADERS, Phase.DONE
-COMPLETED, SLOW_CLIENT = Outcome.COMPLETED, Outcome.SLOW_CLIENT
-KEEPALIVE, SEND, LINE = Expiry.KEEPALIVE, Expiry.SEND, LineState.LINE
+LINE = LineState.LINE  # a module global, as the phases (see `phases.START`)
 EXPIRED: dict[Expiry, type[StreamError]] = {
     Expiry.MAX_DURATION: MaxDuration,
     Expiry.FIRST_TOKEN: FirstTokenTimeout,
@@ -242,7 +240,7 @@ class Cycle(Relay):
 
     async def _fail(self, error: StreamError) -> None:
         """Before headers: an error response. In a stream: one terminal event, then the end."""
-        if self.phase is Phase.START:
+        if self.phase is START:
             self.status = error.status
             retry_after = 1 if error.retryable else None
             start, body = error_response(error.status, error.json_body(), retry_after=retry_after)

@@ -25,9 +25,8 @@ class Expiry(Enum):
     KEEPALIVE = "keepalive"  # nothing written for keepalive_interval: write a comment
 
 
-# The members as module globals for the functions below, which run several times a stream:
-# a member read off its class goes through EnumType's `__getattr__` hook (Python 3.11),
-# some 800 instructions against a global's few.
+# The members as module globals, for the functions below (several times a stream) and the
+# cycle's timer (see `phases.START`).
 MAX_DURATION, FIRST_TOKEN, IDLE = Expiry.MAX_DURATION, Expiry.FIRST_TOKEN, Expiry.IDLE
 SEND, KEEPALIVE = Expiry.SEND, Expiry.KEEPALIVE
 

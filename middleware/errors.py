@@ -30,6 +30,14 @@ class Outcome(StrEnum):
     GRACE_EXPIRED = "resume_grace_expired"  # resume: no reader came back within the grace
 
 
+# The outcomes the per-stream code compares with, as module globals (see `phases.START`).
+COMPLETED, SLOW_CLIENT, UPSTREAM_ERROR = (
+    Outcome.COMPLETED,
+    Outcome.SLOW_CLIENT,
+    Outcome.UPSTREAM_ERROR,
+)
+
+
 class StreamError(Exception):
     """Base class: a failure with the status, OpenAI-style type/code and outcome it maps to."""
 

@@ -15,7 +15,7 @@ import asyncio
 from time import monotonic
 
 from middleware.dialects import Dialect, sniff
-from middleware.phases import Phase, step
+from middleware.phases import BODY, DONE, HEADERS, START, Phase, step
 from middleware.receiver import Receiver
 from middleware.relaycore import Edit
 from middleware.speedups import RelayCore
@@ -24,10 +24,7 @@ from middleware.types import Message, Send, SendNowait
 
 BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
-# The hot path compares against module globals, not class attributes (read off its class, an
-# Enum member goes through EnumType's `__getattr__` hook: Python 3.11).
-START, HEADERS, BODY, DONE = Phase.START, Phase.HEADERS, Phase.BODY, Phase.DONE
-EVENT = LineState.EVENT
+EVENT = LineState.EVENT  # a module global, as the phases (see `phases.START`)
 
 
 class Chain:

@@ -27,11 +27,9 @@ from typing import ClassVar, Protocol
 
 from middleware.errors import Outcome, StreamError
 from middleware.frame import Frame
-from middleware.phases import Phase
+from middleware.phases import BODY, Phase
 from middleware.sse import LineState, SSEScanner, advance
 from middleware.types import SendNowait
-
-BODY = Phase.BODY  # the hot path compares against a module global, not a class attribute
 
 
 class Edit(Protocol):

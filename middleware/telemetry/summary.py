@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from middleware.errors import Outcome, StreamError
+from middleware.errors import COMPLETED, UPSTREAM_ERROR, Outcome, StreamError
 from middleware.telemetry import semconv
 
 if TYPE_CHECKING:
@@ -49,8 +49,6 @@ PROVIDERS = {
 FAILURE_VALUES = frozenset(o.value for o in FAILURES)
 _ERROR_REASONS = ("error",)
 _REFUSED = frozenset({Outcome.REJECTED_OVERLOAD.value, Outcome.REJECTED_DRAINING.value})
-# Read off its class, an Enum member goes through EnumType's `__getattr__` hook (Python 3.11).
-COMPLETED, UPSTREAM_ERROR = Outcome.COMPLETED, Outcome.UPSTREAM_ERROR
 
 
 class Cycle(Protocol):
