@@ -1,9 +1,10 @@
 /* middleware/_frame.c: `Frame` and `first_token` of middleware/frame.py, compiled.
  *
  * The same class, line for line: the same fields (as C members), `__init__` and `matches`,
- * each Python line as a comment above its C; and the same function. Read it beside frame.py; a change to one is a
- * change to the other (the test suite runs once with each: SIDESTREAM_NO_EXTENSIONS=1 picks
- * the Python one, and tests/unit/test_core_twins.py runs both on the same bodies).
+ * each Python line as a comment above its C; and the same function. Read it beside
+ * frame.py; a change to one is a change to the other (the test suite runs once with each:
+ * SIDESTREAM_NO_EXTENSIONS=1 picks the Python one, and tests/unit/test_core_twins.py runs
+ * both on the same bodies).
  *
  * Python's slices clamp and wrap their indices where C's would not: `slice` below does what
  * `body[i:j]` does, so that the two agree on any frame and any body, odd ones included.

@@ -201,11 +201,10 @@ fail:
 
 /* ---- request_rules ------------------------------------------------------------------- */
 
-/* sidecar.headers, at the first request (it imports this module while it loads) */
-/* The names of one of the two constant sets above, as C strings: `name in set` for a name
- * read from a request (a new bytes object, its hash not yet computed) is a few length checks
- * and compares, not a hash of it. `count` -1: not listed (a set member not bytes, or too
- * many), and the set is asked. */
+/* The names of the two constant sets (`HOP_BY_HOP`, `DROPPED`), as C strings: `name in
+ * set` for a name read from a request (a new bytes object, its hash not yet computed) is a
+ * few length checks and compares, not a hash of it. `count` -1: not listed (a set member
+ * not bytes, or too many), and the set is asked. */
 #define MAX_LISTED 32
 typedef struct {
     Py_ssize_t count;
@@ -230,9 +229,11 @@ static int list_names(PyObject *set, Listed *listed) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* `name in set`, `set` being the one `listed` lists: 1, 0, or -1 on error */
-static int in_listed(Listed *listed, PyObject *set, PyObject *name) {
-    if (listed->count < 0) return PySet_Contains(set, name);
+/* `name in set`: 1, 0, or -1 on error. Either constant set by its list; any other (one a
+ * Connection header added names to) asked itself. */
+static int set_has(PyObject *set, PyObject *name) {
+    Listed *listed = set == DROPPED ? &DROPPED_LISTED : set == HOP_BY_HOP ? &HOP_LISTED : NULL;
+    if (listed == NULL || listed->count < 0) return PySet_Contains(set, name);
     Py_ssize_t size = PyBytes_GET_SIZE(name);
     const char *text = PyBytes_AS_STRING(name);
     for (Py_ssize_t i = 0; i < listed->count; i++)
@@ -240,6 +241,7 @@ static int in_listed(Listed *listed, PyObject *set, PyObject *name) {
     return 0;
 }
 
+/* sidecar.headers, at the first request (it imports this module while it loads) */
 static int load_rules(void) {
     if (RULES_TWIN != NULL) return 0;
     PyObject *module = PyImport_ImportModule("sidecar.headers");
@@ -446,8 +448,7 @@ static PyObject *upstream_headers(Seen *seen, PyObject **items, PyObject *names,
     if (out == NULL || append_pair(out, HOST, authority) < 0) goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *name = PyList_GET_ITEM(names, i);
-        int dropped = drop == DROPPED ? in_listed(&DROPPED_LISTED, drop, name)
-                                      : PySet_Contains(drop, name);
+        int dropped = set_has(drop, name);
         if (dropped < 0 || (!dropped && append_pair(out, name, PyTuple_GET_ITEM(items[i], 1)) < 0))
             goto fail;
     }
@@ -580,8 +581,7 @@ static PyObject *response_headers(PyObject *module, PyObject *headers) {
     if (out == NULL) goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *name = PyList_GET_ITEM(names, i), *item = items[i];
-        int dropped = hop == HOP_BY_HOP ? in_listed(&HOP_LISTED, hop, name)
-                                        : PySet_Contains(hop, name);
+        int dropped = set_has(hop, name);
         if (dropped < 0) goto fail;
         if (dropped) continue;
         int appended = name == PyTuple_GET_ITEM(item, 0) /* lower-case already: the pair */
