@@ -61,13 +61,9 @@ def _last(headers: Sequence[tuple[bytes, bytes]], names: list[bytes], name: byte
     return headers[len(names) - 1 - names[::-1].index(name)][1]
 
 
-def media_type(
-    headers: Sequence[tuple[bytes, bytes]], names: list[bytes] | None = None
-) -> tuple[bytes, bytes]:
+def media_type(headers: Sequence[tuple[bytes, bytes]], names: list[bytes]) -> tuple[bytes, bytes]:
     """(media type, content-encoding) of a response, both lower-cased, b"" when absent (the
-    last header of each name counts). `names`: `lower_names(headers)`, when already read."""
-    if names is None:
-        names = lower_names(headers)
+    last header of each name counts). `names`: `lower_names(headers)`."""
     kind = _last(headers, names, b"content-type")
     encoding = _last(headers, names, b"content-encoding")
     return (
@@ -98,13 +94,11 @@ def guarded(
 
 
 def stream_headers(
-    headers: Sequence[tuple[bytes, bytes]], *, decode: bool, names: list[bytes] | None = None
+    headers: Sequence[tuple[bytes, bytes]], *, decode: bool, names: list[bytes]
 ) -> list[tuple[bytes, bytes]]:
     """The response headers of a stream: framing and caching headers replaced. `names`:
-    `lower_names(headers)`, when already read."""
+    `lower_names(headers)` (`guarded` hands them on)."""
     drop = _DROP_DECODED if decode else _DROP
-    if names is None:
-        names = lower_names(headers)
     kept = list(compress(headers, map(not_, map(drop.__contains__, names))))
     kept.extend(STREAM_HEADERS)
     return kept
