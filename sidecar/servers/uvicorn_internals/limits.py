@@ -110,7 +110,7 @@ class HeadLimits:
     transport: asyncio.Transport
     # The class's deadlines (one per listener class and loop), made at the first connection
     _deadlines: HeadDeadlines | None = None
-    _head_timer: HeadDeadlines | None  # the deadlines this connection's is set in, if any
+    _head_deadlines: HeadDeadlines | None  # where this connection's deadline is set, if it is
     _head_bytes: int
     _in_head: bool  # between requests or inside a request head
     _began: bool  # a request's first byte came and its head is not complete
@@ -137,15 +137,15 @@ class HeadLimits:
             # class) gets its own, and the connections of the first keep theirs.
             deadlines = type(self)._deadlines = HeadDeadlines(self.loop, self.header_timeout)
         deadlines.arm(self)
-        self._head_timer = deadlines
+        self._head_deadlines = deadlines
 
     def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.disarm(self)
-            self._head_timer = None
+        if self._head_deadlines is not None:
+            self._head_deadlines.disarm(self)
+            self._head_deadlines = None
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
+        self._head_deadlines = None
         if self._in_head and not self.transport.is_closing():
             if self._began:
                 message = f"request head not complete within {self.header_timeout} s"

@@ -60,7 +60,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
     __slots__ = (
         "_began",
         "_head_bytes",
-        "_head_timer",
+        "_head_deadlines",
         "_in_head",
         "_read_whole",
         "_refused",
@@ -94,7 +94,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         self.headers = None  # type: ignore[assignment]
         self.expect_100_continue = False
         self.cycle = None  # type: ignore[assignment]
-        self._head_timer = None
+        self._head_deadlines = None
         self._in_head = True
         self._head_bytes = 0
         self._refused = False
@@ -113,7 +113,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
+        if self._head_deadlines is not None:
             self._disarm()
         self.connections.discard(self)
         if self.logger.level <= TRACE_LOG_LEVEL:
@@ -163,7 +163,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         self._head_bytes = 0
         self._began = True
         self._read_whole = False
-        if self._head_timer is None:
+        if self._head_deadlines is None:
             self._arm()
         self.url = b""
         self.expect_100_continue = False
@@ -185,7 +185,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
 
     def on_headers_complete(self) -> None:
         self._in_head = self._began = False
-        if self._head_timer is not None:
+        if self._head_deadlines is not None:
             self._disarm()
         parser, scope = self.parser, self.scope
         method = parser.get_method()
