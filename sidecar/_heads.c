@@ -69,8 +69,9 @@ static int is_space(unsigned char c) { /* bytes.strip()'s: ASCII whitespace */
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
 }
 
-/* `_says_close`: `close` among the comma-separated tokens, stripped and lower-cased */
-static int says_close(const char *value, Py_ssize_t n) {
+/* `token` among the comma-separated tokens, stripped and lower-cased (`_says_close`'s
+ * `close`; `request_problem`'s framing names in Connection) */
+static int lists(const char *value, Py_ssize_t n, const char *token) {
     Py_ssize_t start = 0;
     while (start <= n) {
         Py_ssize_t end = start;
@@ -78,7 +79,7 @@ static int says_close(const char *value, Py_ssize_t n) {
         Py_ssize_t a = start, b = end;
         while (a < b && is_space((unsigned char)value[a])) a++;
         while (b > a && is_space((unsigned char)value[b - 1])) b--;
-        if (lower_equals(value + a, b - a, "close")) return 1;
+        if (lower_equals(value + a, b - a, token)) return 1;
         start = end + 1;
     }
     return 0;
@@ -99,7 +100,7 @@ static int framing(PyObject *name, PyObject *value, int *chunked, PyObject **len
     } else if (lower_equals(n, nn, "transfer-encoding") && lower_equals(v, vn, "chunked")) {
         Py_SETREF(*length, Py_NewRef(ZERO));
         *chunked = 1;
-    } else if (lower_equals(n, nn, "connection") && says_close(v, vn)) {
+    } else if (lower_equals(n, nn, "connection") && lists(v, vn, "close")) {
         *close = 1;
     }
     return 0;
@@ -293,16 +294,19 @@ static int last_coding_is_chunked(PyObject *value) {
     return lower_equals(v + start, end - start, "chunked");
 }
 
-/* `bytes.strip().isdigit()`: ASCII digits, at least one, around them ASCII whitespace */
-static int stripped_digits(PyObject *value) {
+/* `declared_length`: ASCII digits around ASCII whitespace, at most 19 of them after
+ * leading zeros, into *length; 0 when the value is anything else */
+static int declared_length(PyObject *value, unsigned long long *length) {
     const char *v = PyBytes_AS_STRING(value);
-    Py_ssize_t end = PyBytes_GET_SIZE(value), start = 0;
+    Py_ssize_t end = PyBytes_GET_SIZE(value), start = 0, significant = 0;
     while (start < end && is_space((unsigned char)v[start])) start++;
     while (end > start && is_space((unsigned char)v[end - 1])) end--;
-    if (start == end) return 0;
-    for (Py_ssize_t i = start; i < end; i++)
-        if (v[i] < '0' || v[i] > '9') return 0;
-    return 1;
+    *length = 0;
+    for (Py_ssize_t i = start; i < end; i++) {
+        if (v[i] < '0' || v[i] > '9' || (significant += *length || v[i] != '0') > 19) return 0;
+        *length = *length * 10 + (unsigned long long)(v[i] - '0');
+    }
+    return start < end;
 }
 
 /* `connection_tokens`: every comma-separated token of every Connection header, stripped,
@@ -405,11 +409,12 @@ fail:
 /* What the request's header lines hold, in one pass */
 typedef struct {
     Py_ssize_t size, lengths, first_length, encodings, last_encoding, hosts, first_host;
-    int bad_byte, connection, forwarded;
+    int bad_byte, connection, forwarded, framing_named;
 } Seen;
 
 static PyObject *problem_of(Seen *seen, PyObject **items, PyObject *version) {
     int known = 0;
+    unsigned long long length;
     for (int i = 0; i < 3; i++) {
         int equal = PyUnicode_Compare(version, VERSIONS[i]);
         if (equal == -1 && PyErr_Occurred()) return NULL;
@@ -418,13 +423,16 @@ static PyObject *problem_of(Seen *seen, PyObject **items, PyObject *version) {
     const char *problem = NULL;
     if (!known) return PyUnicode_FromFormat("HTTP version %R is not served", version);
     if (seen->bad_byte)
-        problem = "a header contains CR, LF or NUL";
+        problem = "a header contains a control character";
+    else if (seen->framing_named)
+        problem = "Connection names Content-Length, Transfer-Encoding or Host";
     else if (seen->lengths && seen->encodings)
         problem = "both Content-Length and Transfer-Encoding";
     else if (seen->lengths > 1)
         problem = "more than one Content-Length";
-    else if (seen->lengths && !stripped_digits(PyTuple_GET_ITEM(items[seen->first_length], 1)))
-        problem = "Content-Length is not a number";
+    else if (seen->lengths &&
+             !declared_length(PyTuple_GET_ITEM(items[seen->first_length], 1), &length))
+        problem = "Content-Length is not a number of at most 19 digits";
     else if (seen->encodings &&
              !last_coding_is_chunked(PyTuple_GET_ITEM(items[seen->last_encoding], 1)))
         problem = "Transfer-Encoding does not end in chunked";
@@ -505,12 +513,10 @@ static PyObject *request_rules(PyObject *module, PyObject *const *args, Py_ssize
         if (lower == NULL) goto fail;
         PyList_SET_ITEM(names, i, lower);
         seen.size += PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + 4;
-        seen.bad_byte |= memchr(PyBytes_AS_STRING(name), '\r', PyBytes_GET_SIZE(name)) ||
-                         memchr(PyBytes_AS_STRING(name), '\n', PyBytes_GET_SIZE(name)) ||
-                         memchr(PyBytes_AS_STRING(name), 0, PyBytes_GET_SIZE(name)) ||
-                         memchr(PyBytes_AS_STRING(value), '\r', PyBytes_GET_SIZE(value)) ||
-                         memchr(PyBytes_AS_STRING(value), '\n', PyBytes_GET_SIZE(value)) ||
-                         memchr(PyBytes_AS_STRING(value), 0, PyBytes_GET_SIZE(value));
+        const char *v = PyBytes_AS_STRING(value);
+        Py_ssize_t vn = PyBytes_GET_SIZE(value);
+        seen.bad_byte |= any_bad(BAD_NAME, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) ||
+                         any_bad(BAD_VALUE, v, vn);
         if (bytes_equal(lower, "content-length")) {
             if (!seen.lengths++) seen.first_length = i;
         } else if (bytes_equal(lower, "transfer-encoding")) {
@@ -520,20 +526,20 @@ static PyObject *request_rules(PyObject *module, PyObject *const *args, Py_ssize
             if (!seen.hosts++) seen.first_host = i;
         } else if (bytes_equal(lower, "connection")) {
             seen.connection = 1;
+            seen.framing_named |= lists(v, vn, "content-length") ||
+                                  lists(v, vn, "transfer-encoding") || lists(v, vn, "host");
         } else if (bytes_equal(lower, "x-forwarded-for")) {
             seen.forwarded = 1;
         }
     }
     problem = problem_of(&seen, items, version);
     if (problem == NULL) goto fail;
-    if (seen.lengths) { /* int() of the first, None when it is not a number */
-        declared = PyNumber_Long(PyTuple_GET_ITEM(items[seen.first_length], 1));
-        if (declared == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_ValueError)) goto fail;
-            PyErr_Clear();
-        }
-    }
-    if (declared == NULL) declared = Py_NewRef(Py_None);
+    unsigned long long length; /* the first's number, None when it is not one */
+    declared = seen.lengths && declared_length(PyTuple_GET_ITEM(items[seen.first_length], 1),
+                                               &length)
+                   ? PyLong_FromUnsignedLongLong(length)
+                   : Py_NewRef(Py_None);
+    if (declared == NULL) goto fail;
     int chunked =
         seen.encodings && last_coding_is_chunked(PyTuple_GET_ITEM(items[seen.last_encoding], 1));
     upstream = upstream_headers(&seen, items, names, count, args[2], args[3], scheme);

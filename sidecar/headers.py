@@ -6,14 +6,15 @@ lower-cased here, because ASGI asks for lower-case names and every rule compares
 
 Deliberate choices:
 - `Transfer-Encoding` and `Content-Length` are framing, not content: the request rule drops
-  `Transfer-Encoding` with the other hop-by-hop headers and the proxy re-adds
-  `transfer-encoding: chunked` itself when it streams a body of unknown length.
+  both, and the proxy writes the one that frames the body it streams
+  (`sidecar.upstream.framing` holds every request sent to that rule).
 - `X-Forwarded-Proto` and `X-Forwarded-Host` from the client are replaced, not appended to:
   they describe the hop the proxy received, which only the proxy knows.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress
 from operator import itemgetter, not_
@@ -37,9 +38,18 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-# Request headers the proxy sets itself; the client's values are dropped.
+# Request headers the proxy sets itself; the client's values are dropped. Content-Length is
+# among them: the proxy writes the number it read (`declared_length`), not the client's
+# spelling of it, which a strict upstream may refuse (h11 takes at most 20 digits).
 _REPLACED = frozenset(
-    {b"host", b"accept-encoding", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"}
+    {
+        b"host",
+        b"accept-encoding",
+        b"content-length",
+        b"x-forwarded-for",
+        b"x-forwarded-proto",
+        b"x-forwarded-host",
+    }
 )
 _DROPPED = HOP_BY_HOP | _REPLACED  # a request's, when its Connection names nothing more
 
@@ -128,19 +138,40 @@ def chunked(headers: Pairs, names: list[bytes] | None = None) -> bool:
     return headers[last][1].rpartition(b",")[2].strip().lower() == b"chunked"
 
 
+MAX_LENGTH_DIGITS = 19  # past leading zeros: every such number fits in 64 bits
+
+
+def declared_length(value: bytes) -> int | None:
+    """A `Content-Length` value's number, or None when it is not one: ASCII digits (bytes'
+    `isdigit` knows no others) around ASCII whitespace, at most `MAX_LENGTH_DIGITS` of them
+    after leading zeros. The bound is the rule, not `int()`'s: `int()` refuses past 4,300
+    digits, leading zeros included, where httptools reads the same value as a small number."""
+    digits = value.strip()
+    if not digits.isdigit() or len(digits.lstrip(b"0")) > MAX_LENGTH_DIGITS:
+        return None
+    return int(digits.lstrip(b"0") or b"0")
+
+
 def content_length(headers: Pairs, names: list[bytes] | None = None) -> int | None:
     """The declared `Content-Length` (the first), or None when absent or not a valid number."""
     if names is None:
         names = lower_names(headers)
     if b"content-length" not in names:
         return None
-    try:
-        return int(headers[names.index(b"content-length")][1])
-    except ValueError:
-        return None
+    return declared_length(headers[names.index(b"content-length")][1])
 
 
 _VERSIONS = frozenset({"1.0", "1.1", "2"})  # not 0.9, nor "HTTP/2.0" in an HTTP/1 request line
+# Names a request's `Connection` may not list: dropping them as hop-by-hop would forward a
+# body without its framing (the upstream then reads it as the next request) or the request
+# without its Host. `te` may be listed: RFC 9110 10.1.4 asks a client that sends TE to, and TE
+# is dropped as hop-by-hop anyway; it frames nothing.
+_UNLISTABLE = frozenset({b"content-length", b"transfer-encoding", b"host"})
+# A byte no header name or value may hold on the way upstream (the traffic listener's own
+# response-head rules, `sidecar.servers.response_head`, are the same): controls, DEL, and in
+# a name the delimiters.
+BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
+BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def request_problem(
@@ -153,28 +184,30 @@ def request_problem(
     `Content-Length` and `Transfer-Encoding`, more than one `Content-Length` or one that is
     not a plain number, a `Transfer-Encoding` whose last coding is not `chunked`, zero or
     several `Host` headers on HTTP/1.1 (RFC 9112 3.2), CR, LF or NUL in a header, and a
-    version other than 1.0, 1.1 or 2 (`GET /` alone parses as HTTP/0.9). The
-    ASGI server (httptools, h11, h2) rejects most of these first; this is the second line
-    for what one of them lets through.
+    version other than 1.0, 1.1 or 2 (`GET /` alone parses as HTTP/0.9). So are a control
+    byte in a header (any but HTAB in a value) and a `Connection` that lists a framing header
+    (`_UNLISTABLE`). The ASGI server (httptools, h11, h2) rejects most of these first; this
+    is the second line for what one of them lets through.
     """
     if http_version not in _VERSIONS:
         return f"HTTP version {http_version!r} is not served"
-    # Every name and value in one piece, searched once per byte: CR, LF, NUL as ints
-    # (`13 in head` is one memchr, where a bytes needle is first tried as an int inside
-    # CPython, raising and clearing a TypeError).
-    head = b"".join(chain.from_iterable(headers))
-    if 13 in head or 10 in head or 0 in head:
-        return "a header contains CR, LF or NUL"
+    # Every name, then every value, in one piece: one regex scan each, not one per header.
+    if BAD_NAME.search(b"".join(map(_name, headers))) or BAD_VALUE.search(
+        b"".join(map(_value, headers))
+    ):
+        return "a header contains a control character"
     if names is None:
         names = lower_names(headers)
+    if b"connection" in names and not _UNLISTABLE.isdisjoint(connection_tokens(headers)):
+        return "Connection names Content-Length, Transfer-Encoding or Host"
     lengths = names.count(b"content-length")
     encoded = b"transfer-encoding" in names
     if lengths and encoded:
         return "both Content-Length and Transfer-Encoding"
     if lengths > 1:
         return "more than one Content-Length"
-    if lengths and not headers[names.index(b"content-length")][1].strip().isdigit():
-        return "Content-Length is not a number"
+    if lengths and declared_length(headers[names.index(b"content-length")][1]) is None:
+        return "Content-Length is not a number of at most 19 digits"
     if encoded and _codings(headers, names)[-1] != b"chunked":
         return "Transfer-Encoding does not end in chunked"
     hosts = names.count(b"host")
@@ -201,7 +234,8 @@ def request_headers(
     Drops hop-by-hop headers (and those named in `Connection`), sets `Host` to the
     upstream's authority, asks for `Accept-Encoding: identity`, and adds
     `X-Forwarded-For` (appending the peer), `X-Forwarded-Proto` and `X-Forwarded-Host`.
-    `Content-Length` is kept; `Transfer-Encoding` is the caller's business.
+    Framing is the caller's business: `Content-Length` and `Transfer-Encoding` are dropped,
+    and the proxy writes the one that frames the body it sends.
     """
     if names is None:
         names = lower_names(headers)

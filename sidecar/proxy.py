@@ -38,6 +38,7 @@ from middleware.types import SEND_NOWAIT, Message, Receive, Scope, Send
 from sidecar import headers as rules
 from sidecar.tracecontext import inject_trace_context
 from sidecar.upstream.errors import UpstreamTimeout
+from sidecar.upstream.framing import request_line_problem
 from sidecar.upstream.h1 import Body as H1Body
 from sidecar.upstream.pools import make_pool
 from sidecar.upstream.tls import UpstreamTLS
@@ -246,15 +247,20 @@ class ProxyApp:
         if problem is not None:
             await _refuse(send, 400, "bad_request", f"refused: {problem}", _CLOSE)
             return None
+        # A method or target an HTTP/1.1 request line cannot hold (an HTTP/2 client's
+        # `:method` or `:path` may) would split that line upstream.
+        raw_method, target = method.encode("latin-1", "replace"), _target(scope)
+        problem = request_line_problem(raw_method, target)
+        if problem is not None:
+            await _refuse(send, 400, "bad_request", f"refused: {problem}", _CLOSE)
+            return None
         if self.max_body is not None and declared is not None and declared > self.max_body:
             await _refuse(send, 413, "request_too_large", self._too_large(), _CLOSE)
             return None
         inject_trace_context(upstream_headers)
         body = await self._body(chunked, declared, receive, upstream_headers)
         with map_exceptions:
-            return self.pool.exchange(
-                method.encode("ascii"), _target(scope), upstream_headers, body
-            )
+            return self.pool.exchange(raw_method, target, upstream_headers, body)
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -287,13 +293,14 @@ class ProxyApp:
         receive: Receive,
         upstream_headers: rules.Headers,
     ) -> RequestBody:
-        """The body iterator; adds `transfer-encoding: chunked` upstream when the length is
-        unknown (client sent chunked, or an HTTP/2 client sent a body without a length)."""
+        """The body iterator, and the one framing header upstream: the declared length as
+        a plain number, or `transfer-encoding: chunked` when the length is unknown (client
+        sent chunked, or an HTTP/2 client sent a body without a length)."""
         if chunked:
-            upstream_headers[:] = [(n, v) for n, v in upstream_headers if n != b"content-length"]
             upstream_headers.append((b"transfer-encoding", b"chunked"))
             return RequestBody(receive, self.max_body)
         if declared is not None:
+            upstream_headers.append((b"content-length", b"%d" % declared))
             return RequestBody(receive, self.max_body)
         # No framing header: peek, so a body-less request stays body-less upstream.
         first = await receive()

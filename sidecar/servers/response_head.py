@@ -32,14 +32,13 @@ is on the path to each stream's first token.
 from __future__ import annotations
 
 import http
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sidecar.headers import BAD_NAME as _BAD_NAME
+from sidecar.headers import BAD_VALUE as _BAD_VALUE
 from sidecar.speedups import heads
 
-_BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
-_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _LINE = b"%b: %b\r\n"
 _CLOSE = b"connection: close\r\n"

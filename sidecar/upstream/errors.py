@@ -5,7 +5,7 @@ connect handles them; only their status and code differ.
 
 from __future__ import annotations
 
-from middleware.errors import UpstreamConnectError
+from middleware.errors import UpstreamConnectError, UpstreamError
 
 
 class UpstreamTimeout(UpstreamConnectError):
@@ -22,3 +22,12 @@ class UpstreamTLSError(UpstreamConnectError):
 
     code = "upstream_tls_error"
     default_message = "TLS with the upstream failed"
+
+
+class RequestFramingError(UpstreamError):
+    """A request head or body the proxy would send upstream breaks the framing invariant
+    (`sidecar.upstream.framing`): refused before the bytes go out. Reaching it is a bug in
+    a path that built the request, never the client's doing (those get 400 first)."""
+
+    code = "request_framing_refused"
+    default_message = "refusing to send a request whose framing does not match its body"

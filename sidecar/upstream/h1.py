@@ -28,6 +28,7 @@ from middleware.types import SendNowait
 from sidecar.headers import chunked, lower_names
 from sidecar.servers.uvloop_internals import quiet_reads
 from sidecar.speedups import H1Core
+from sidecar.upstream.framing import request_line_problem
 from sidecar.upstream.h1core import MAX_HEAD_BYTES
 from sidecar.upstream.types import Headers
 
@@ -317,7 +318,12 @@ class Body:
 
 
 def encode_head(method: bytes, target: bytes, headers: Headers) -> bytes:
-    """The request line and headers; refuses CR or LF inside any of them (no smuggling)."""
+    """The request line and headers; refuses a method that is not a token, a target with
+    SP or a control byte, and CR or LF inside a header (no smuggling). The proxy answers
+    400 to such a request before it gets here; this is the line no path can skip."""
+    problem = request_line_problem(method, target)
+    if problem is not None:
+        raise UpstreamProtocolError(f"refusing a request line: {problem}")
     # `b": ".join` of each (name, value) pair: the header lines without a Python call each.
     lines = b"\r\n".join(map(b": ".join, headers))
     head = b"%b %b HTTP/1.1\r\n%b\r\n\r\n" % (method, target, lines)

@@ -23,11 +23,11 @@ import collections
 import ssl
 import types
 from collections.abc import AsyncIterable, AsyncIterator
-from operator import itemgetter
 from time import monotonic
 
 from middleware.errors import UpstreamConnectError, UpstreamProtocolError
 from sidecar.upstream.errors import UpstreamTimeout
+from sidecar.upstream.framing import CHUNKED, check_end, check_piece, request_framing
 from sidecar.upstream.h1 import Body, H1Connection, encode_head
 from sidecar.upstream.tls import tls_error
 from sidecar.upstream.types import Headers, Response
@@ -128,12 +128,11 @@ class H1Pool:
             self._idle.popleft().abort()
 
 
-def _is_chunked(headers: Headers) -> bool:
-    return b"transfer-encoding" in map(bytes.lower, map(itemgetter(0), headers))
-
-
 class H1Exchange:
-    __slots__ = ("_body", "_chunked", "_conn", "_head", "_method", "_pool")
+    """One request and its response on a pooled connection. The request's framing is
+    decided from its head once (`request_framing`) and every body byte is held to it."""
+
+    __slots__ = ("_body", "_conn", "_framing", "_head", "_method", "_pool")
 
     def __init__(
         self,
@@ -146,7 +145,7 @@ class H1Exchange:
         self._pool = pool
         self._method = method
         self._head = encode_head(method, target, headers)
-        self._chunked = _is_chunked(headers)
+        self._framing = request_framing(headers)
         self._body = body
         self._conn: H1Connection | None = None
 
@@ -195,19 +194,28 @@ class H1Exchange:
     async def _send(
         self, conn: H1Connection, first: bytes | None, rest: AsyncIterator[bytes] | None
     ) -> None:
-        conn.begin(self._method)
-        chunked = self._chunked
+        framing = self._framing
+        chunked = framing == CHUNKED
         if first is None:
+            check_end(framing, 0)
+            conn.begin(self._method)
             conn.write(self._head + b"0\r\n\r\n" if chunked else self._head)
         else:
+            check_piece(framing, 0, len(first))
+            conn.begin(self._method)
             conn.write(self._head + (_chunk(first) if chunked else first))
+            sent = len(first)
             assert rest is not None
             async for chunk in rest:
                 if conn.dead:  # the upstream may have answered early: read that below
                     break
+                check_piece(framing, sent, len(chunk))
+                sent += len(chunk)
                 conn.write(_chunk(chunk) if chunked else chunk)
                 if conn.write_paused:
                     await conn.drain()
+            if not conn.dead:
+                check_end(framing, sent)
             if chunked and not conn.dead:
                 conn.write(b"0\r\n\r\n")
         conn.request_done = not conn.dead

@@ -178,23 +178,37 @@ def _plain_codings(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
     ]
 
 
+def _plain_length(value: bytes) -> int | None:
+    """Content-Length's rule, digit by digit: ASCII digits, at most 19 past leading zeros."""
+    digits = value.strip()
+    if not digits or any(c not in b"0123456789" for c in digits):
+        return None
+    significant = digits[next((i for i, c in enumerate(digits) if c != 0x30), len(digits)) :]
+    return None if len(significant) > 19 else int(significant or b"0")
+
+
 def _plain_problem(headers: list[tuple[bytes, bytes]], version: str) -> str | None:
     if version not in ("1.0", "1.1", "2"):
         return "version"
-    lengths, hosts = [], 0
+    lengths, hosts, listed = [], 0, set()
     for name, value in headers:
-        if any(c in name + value for c in (b"\r", b"\n", b"\0")):
-            return "a header contains CR, LF or NUL"
+        controls = [c for c in value if c < 0x20 and c != 0x09 or c == 0x7F]
+        if controls or any(c < 0x21 or c == 0x7F or chr(c) in '()<>@,;:[]={}\\"' for c in name):
+            return "a header contains a control character"
         if name.lower() == b"content-length":
             lengths.append(value.strip())
+        if name.lower() == b"connection":
+            listed |= {token.strip().lower() for token in value.split(b",")}
         hosts += name.lower() == b"host"
+    if listed & {b"content-length", b"transfer-encoding", b"host"}:
+        return "Connection names Content-Length, Transfer-Encoding or Host"
     codings = _plain_codings(headers)
     if lengths and codings:
         return "both Content-Length and Transfer-Encoding"
     if len(lengths) > 1:
         return "more than one Content-Length"
-    if lengths and not lengths[0].isdigit():
-        return "Content-Length is not a number"
+    if lengths and _plain_length(lengths[0]) is None:
+        return "Content-Length is not a number of at most 19 digits"
     if codings and codings[-1] != b"chunked":
         return "Transfer-Encoding does not end in chunked"
     if hosts > 1 or (hosts == 0 and version == "1.1"):
@@ -205,7 +219,7 @@ def _plain_problem(headers: list[tuple[bytes, bytes]], version: str) -> str | No
 def _plain_request(
     headers: list[tuple[bytes, bytes]], client: str | None
 ) -> list[tuple[bytes, bytes]]:
-    replaced = {b"host", b"accept-encoding", b"x-forwarded-for"}
+    replaced = {b"host", b"accept-encoding", b"content-length", b"x-forwarded-for"}
     replaced |= {b"x-forwarded-proto", b"x-forwarded-host"}
     out, prior, host = [(b"host", b"up:1")], [], None
     for name, value in _plain_strip(headers):
@@ -228,10 +242,14 @@ _NAMES = [
     b"keep-alive", b"x-a", b"X-A", b"accept-encoding", b"authorization",
     # near misses of names dropped (same length, or one byte short): told apart by bytes
     b"tf", b"hosx", b"Trailer", b"upgradd", b"x-forwarded-prot", b"keep-aliv",
+    b"x y", b"x:y", b"x\x01",
 ]  # fmt: skip
 _VALUES = [
     b"", b"5", b" 12 ", b"4x", b"chunked", b"gzip, chunked", b"chunked, gzip", b"x-a",
     b"close, X-Forwarded-For", b"Host", b"1.1.1.1", b"a\rb", b"a\nb", b"a\x00b",
+    b"a\tb", b"a\x7fb", b"a\x01b", b"keep-alive, Content-Length", b"TE, close",
+    b"transfer-encoding", b"0" * 4301 + b"5", b"0" * 30 + b"9" * 19, b"1" + b"0" * 19,
+    b"\xd9\xa3", b"\xef\xbc\x93",
 ]  # fmt: skip
 _HEADER = st.tuples(st.sampled_from(_NAMES), st.sampled_from(_VALUES))
 
@@ -255,9 +273,7 @@ def test_rules_agree_with_a_header_at_a_time(
     codings = _plain_codings(headers)
     assert rules.chunked(headers, names) == (bool(codings) and codings[-1] == b"chunked")
     lengths = [v for n, v in headers if n.lower() == b"content-length"]
-    declared = None
-    if lengths and lengths[0].strip().isdigit():
-        declared = int(lengths[0])
+    declared = _plain_length(lengths[0]) if lengths else None
     assert rules.content_length(headers, names) == declared
     assert rules.header_bytes(headers) == sum(len(n) + len(v) + 4 for n, v in headers)
     for client in ("10.0.0.1", None):
