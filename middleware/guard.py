@@ -21,19 +21,26 @@ Deliberate choices — do not "fix" these:
 - Telemetry is chosen once, here: a `telemetry` object supplies the cycle class every request
   runs with (its own subclass of `Cycle`). The guard core never imports telemetry.
 - It needs an asyncio loop (uvicorn, hypercorn's asyncio worker); trio is not supported.
+- A resume reader is admitted as a stream is: it holds a slot of `max_streams` until its
+  answer ends, and is refused (503, `Retry-After`) past the limit and while draining. A stop
+  (`DELETE` on a stream's URL) is admitted always: answered at once, it holds no slot, and it
+  ends a generation — refusing it under load or in a drain would keep the upstream busy for
+  a client that asked it to stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from middleware.cycle import Cycle, Resumer, Settings
 from middleware.deadlines import Timeouts
-from middleware.errors import Draining, TooManyStreams
+from middleware.errors import Draining, ShuttingDown, TooManyStreams
+from middleware.framing import error_response
 from middleware.registry import StreamRegistry
-from middleware.types import ASGIApp, Receive, Scope, Send
+from middleware.types import ASGIApp, Message, Receive, Scope, Send
 from middleware.usage import MODES
 
 logger = logging.getLogger("sidestream")
@@ -58,6 +65,9 @@ class Resume(Resumer, Protocol):
 
     def route(self, scope: Scope) -> ASGIApp | None:
         """The responder for a resume or stop request, else None: never forwarded."""
+
+    def is_stop(self, scope: Scope) -> bool:
+        """Whether a request `route` took is a stop (it holds no stream), not a reader."""
 
 
 class StreamGuard:
@@ -124,12 +134,71 @@ class StreamGuard:
         request's task, as a server calls its app."""
         if scope["type"] != "http":
             return self.app(scope, receive, send)
-        if self.resume is not None and (responder := self.resume.route(scope)) is not None:
-            return responder(scope, receive, send)  # answered from the store, never forwarded
+        responder: ASGIApp | None = None  # resume: answered from the store, never forwarded
+        resume = self.resume
+        if resume is not None and (responder := resume.route(scope)) and resume.is_stop(scope):
+            return responder(scope, receive, send)  # a stop holds no slot: always admitted
         registry = self.registry
-        cycle = self.cycle_class(self.settings, scope, receive, send)
         if registry.draining:
-            return cycle.refuse(Draining())
+            return self.cycle_class(self.settings, scope, receive, send).refuse(Draining())
         if self.max_streams is not None and len(registry) >= self.max_streams:
-            return cycle.refuse(TooManyStreams())
-        return cycle.run()
+            return self.cycle_class(self.settings, scope, receive, send).refuse(TooManyStreams())
+        if responder is not None:
+            return ResumeReader(registry).run(responder, scope, receive, send)
+        return self.cycle_class(self.settings, scope, receive, send).run()
+
+
+class ResumeReader:
+    """One resume reader, in the registry as a stream is: counted toward `max_streams` until
+    its answer ends, and ended by a drain with a retryable terminal event.
+
+    A drain cancels the responder; the cancellation lands at an await, and the server writes
+    a message only once its send returns (uvicorn waits for the transport before it writes),
+    so what was sent is known and the end is written at an event boundary. The terminal
+    event carries no `id:`: the reader's last id still names the last event it got, and it
+    resumes from there elsewhere.
+    """
+
+    __slots__ = ("registry", "sent", "stopping", "task")
+
+    def __init__(self, registry: StreamRegistry) -> None:
+        self.registry = registry
+        task = asyncio.current_task()
+        assert task is not None, "StreamGuard runs inside a task"
+        self.task = task
+        self.sent = 0  # messages the server took: 1 the head, and the end when not more_body
+        self.stopping = False
+
+    async def run(self, responder: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        task = self.task
+        base = task.cancelling()
+
+        async def counted(message: Message) -> None:
+            await send(message)
+            self.sent = 2 if self.sent and not message.get("more_body", False) else 1
+
+        self.registry.add(self)
+        try:
+            await responder(scope, receive, counted)
+        except asyncio.CancelledError:
+            if not self.stopping or task.uncancel() > base:
+                raise
+            await self._end(send)
+        finally:
+            self.registry.discard(self)
+
+    def shut_down(self) -> None:
+        """Drain: end this reader now (StreamRegistry.drain)."""
+        if not self.stopping:
+            self.stopping = True
+            self.task.cancel()
+
+    async def _end(self, send: Send) -> None:
+        error = ShuttingDown()
+        if self.sent == 0:
+            for message in error_response(error.status, error.json_body(), retry_after=1):
+                await send(message)
+        elif self.sent == 1:
+            body = b"data: " + error.json_body() + b"\n\n"
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

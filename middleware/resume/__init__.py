@@ -20,7 +20,7 @@ from middleware.relay import then
 from middleware.resume.ids import credential_hash, new_stream_id
 from middleware.resume.memory import MemoryStore
 from middleware.resume.producer import Producer
-from middleware.resume.responder import PREFIX, serve
+from middleware.resume.responder import PREFIX, is_stop, serve
 from middleware.resume.spans import current_link
 from middleware.resume.store import Limits, Store
 from middleware.types import ASGIApp, Scope
@@ -81,6 +81,11 @@ class Resume:
             if name == b"last-event-id":
                 return functools.partial(serve, self)
         return None
+
+    def is_stop(self, scope: Scope) -> bool:
+        """A request `route` took is a stop, which holds no stream (the guard admits it
+        always), not a reader (counted toward `max_streams`, refused while draining)."""
+        return is_stop(scope)
 
     def begin(self, cycle: Cycle, start: dict[str, Any]) -> None:
         """An SSE stream starts: name it, stamp it, log it."""

@@ -13,8 +13,13 @@ import re
 import secrets
 
 ID_BYTES = 16  # 128 bits
+# Explicit ASCII classes, not `\d` or `\w` (Unicode in a str pattern) nor `str.isdigit()`
+# (true for "³", which `int()` refuses, and for "٣", which it reads as 3): a resume point is
+# 1 to 15 ASCII digits, whatever the client's encoding made of its bytes.
 _STREAM_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _EVENT_ID = re.compile(r"([A-Za-z0-9_-]{16,64}):([0-9]{1,15})")
+_POINT = re.compile(r"[0-9]{1,15}")
+_OWS = " \t"  # a header's optional whitespace (RFC 9110), the only one stripped
 # The request headers whose value a resume must repeat (the original request's credentials).
 CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
 
@@ -33,15 +38,16 @@ def valid_stream_id(value: str) -> bool:
 
 def parse_event_id(value: str) -> tuple[str, int]:
     """`<stream-id>:<n>` into (stream id, n); InvalidEventId otherwise."""
-    match = _EVENT_ID.fullmatch(value.strip())
+    match = _EVENT_ID.fullmatch(value.strip(_OWS))
     if match is None:
         raise InvalidEventId(value)
     return match[1], int(match[2])
 
 
 def parse_after(value: str) -> int:
-    value = value.strip()
-    if not value.isdigit() or len(value) > 15:
+    """The `after=<n>` of a resume URL (already percent-decoded); InvalidEventId unless it
+    is 1 to 15 ASCII digits, with no whitespace (a query value carries none)."""
+    if _POINT.fullmatch(value) is None:
         raise InvalidEventId(value)
     return int(value)
 

@@ -59,6 +59,11 @@ def last_event_id(scope: Scope) -> str | None:
     return None
 
 
+def is_stop(scope: Scope) -> bool:
+    """A stop (`DELETE` on a stream's URL without `Last-Event-ID`), not a reader."""
+    return scope["method"] == "DELETE" and last_event_id(scope) is None
+
+
 async def json_error(send: Send, status: int, code: str, message: str) -> None:
     kind = "unavailable" if status >= 500 else "invalid_request_error"
     error = {"message": message, "type": kind, "code": code}
@@ -76,7 +81,10 @@ def target(scope: Scope, header: str | None) -> tuple[str, int]:
     stream_id = scope["path"][len(PREFIX) :]
     if not valid_stream_id(stream_id):
         raise StreamNotFound()
-    query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    # Blank values kept: `after=` is a point that is not one (400), not "from the start".
+    query = urllib.parse.parse_qs(
+        scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+    )
     after = parse_after(query["after"][-1]) if "after" in query else 0
     return stream_id, after
 
@@ -100,7 +108,7 @@ async def serve(hub: Resume, scope: Scope, receive: Receive, send: Send) -> None
     store = hub.store
     credentials = credential_hash(store.key + stream_id.encode(), scope["headers"])
     try:
-        if method == "DELETE" and header is None:
+        if is_stop(scope):
             await store.check(stream_id, credentials)
             await hub.stop(stream_id)
             await send({"type": "http.response.start", "status": 204, "headers": []})
