@@ -12,7 +12,7 @@ SRC := middleware sidecar tests $(wildcard bench)
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml setup.py $(wildcard middleware/*.c sidecar/*.c)
+$(STAMP): pyproject.toml setup.py $(wildcard middleware/*.c middleware/telemetry/*.c sidecar/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -33,6 +33,10 @@ test: $(STAMP) ## Run the whole test suite (unit, asgi, sockets, system) with co
 .PHONY: test-fast
 test-fast: $(STAMP) ## Run the unit and asgi tiers only (no sockets, no processes; seconds).
 	$(BIN)/pytest tests/unit tests/asgi $(PYTEST_ARGS)
+
+.PHONY: sanitize
+sanitize: $(STAMP) ## Build every C extension with ASan + UBSan (in build/sanitize) and run the twin tests and the differential fuzz on it. SIDESTREAM_FUZZ_SCALE=10
+	$(BIN)/python -m tests.support.sanitize
 
 .PHONY: soak
 soak: $(STAMP) ## Soak: 2 min of mixed traffic at 300 streams (aborts, upstream failures, slow readers); fails on a leak. SOAK_ARGS="--duration 600"

@@ -53,6 +53,19 @@ typedef struct {
     PyObject *times;
 } RelayCore;
 
+#define FIELDS_BUT_EDIT(X) \
+    X(first_token_at) X(frame) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) \
+    X(scanner) X(sending_since) X(server_nowait) X(times)
+#define FIELDS(X) X(edit) FIELDS_BUT_EDIT(X)
+
+/* `del core.frame` leaves a field NULL: where a field is read, that is AttributeError, as
+ * the twin's empty slot raises when read (1 then, else 0) */
+static int unset(PyObject *field, const char *name) {
+    if (field != NULL) return 0;
+    PyErr_SetString(PyExc_AttributeError, name);
+    return 1;
+}
+
 /* time.monotonic(): the same clock (CLOCK_MONOTONIC), as a float of seconds */
 static double monotonic(void) {
     struct timespec ts;
@@ -86,6 +99,8 @@ static int set_field(PyObject **field, PyObject *value) {
 
 /* def _relayed(self, body, now) */
 static int relayed(RelayCore *self, PyObject *body, double now) {
+    if (unset(self->scanner, "scanner") || unset(self->first_token_at, "first_token_at"))
+        return -1;
     /* self.last_chunk = now */
     self->last_chunk = now;
     if (self->scanner != Py_None) {
@@ -105,6 +120,7 @@ static int relayed(RelayCore *self, PyObject *body, double now) {
         Py_SETREF(self->first_token_at, at);
     }
     /* self.line_state = advance(self.line_state, body) */
+    if (unset(self->line_state, "line_state")) return -1; /* _scan may have deleted it */
     long state = PyLong_AsLong(self->line_state);
     if (state < 0 || state > 4) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "line_state out of range");
@@ -128,6 +144,7 @@ static PyObject *RelayCore_relayed(RelayCore *self, PyObject *const *args, Py_ss
 
 /* def _tally(self, body, now) */
 static int tally(RelayCore *self, PyObject *body, double now) {
+    if (unset(self->times, "times")) return -1;
     /* self.chunks += 1 */
     self->chunks += 1;
     /* self.body_bytes += len(body) */
@@ -204,6 +221,7 @@ static int passes_edit(RelayCore *self, PyObject *body) {
 
 /* def _account(self, body, now) */
 static int account(RelayCore *self, PyObject *body, double now) {
+    if (unset(self->frame, "frame")) return -1;
     /* frame = self.frame
      * if frame is not None and frame.matches(body): self._tally(body, now) */
     PyObject *frame = self->frame;
@@ -239,6 +257,10 @@ static PyObject *RelayCore_account(RelayCore *self, PyObject *const *args, Py_ss
 
 /* def send_nowait(self, body) -> bool */
 static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
+    if (unset(self->phase, "phase") || unset(self->reason, "reason") ||
+        unset(self->sending_since, "sending_since") || unset(self->keepalive, "keepalive") ||
+        unset(self->inflater, "inflater") || unset(self->server_nowait, "server_nowait"))
+        return NULL;
     if (!PyBytes_Check(body)) {
         PyErr_SetString(PyExc_TypeError, "send_nowait(body: bytes)");
         return NULL;
@@ -264,7 +286,8 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
             return NULL;
         }
         /* if out and not self.server_nowait(out): edit.undo(); return False */
-        int ok = PyObject_IsTrue(out) ? server_write(self, out) : 1;
+        int truth = PyObject_IsTrue(out); /* raising, it writes nothing */
+        int ok = truth < 0 ? -1 : truth ? server_write(self, out) : 1;
         Py_DECREF(out);
         if (ok == 0) {
             PyObject *r = PyObject_CallMethodNoArgs(edit, str_undo);
@@ -285,10 +308,6 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
 
 /* -- the type: fields, GC, construction ------------------------------------------------ */
 
-#define FIELDS_BUT_EDIT(X) \
-    X(first_token_at) X(frame) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) \
-    X(scanner) X(sending_since) X(server_nowait) X(times)
-#define FIELDS(X) X(edit) FIELDS_BUT_EDIT(X)
 
 static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     RelayCore *self = (RelayCore *)type->tp_alloc(type, 0);

@@ -1,9 +1,8 @@
 """Which per-chunk core runs: the compiled one where it was built, else the Python one.
 
 `make install` (and any `pip install` from source with a C compiler) builds
-`middleware/_relaycore.c` (`RelayCore`) and `middleware/_frame.c` (`Frame`), picked here, and
-`middleware/telemetry/_gaps.c` (`sorted_gaps`, picked by `telemetry.gaps`); where no
-compiler exists the install goes on without them and this module says so once for each, at
+`middleware/_relaycore.c` (`RelayCore`) and `middleware/_frame.c` (`Frame`), picked here,
+and the other compiled modules their own modules pick; where no compiler exists the install goes on without them and this module says so once for each, at
 import. `SIDESTREAM_NO_EXTENSIONS=1` picks the Python twins even where the compiled ones were
 built (the test suite runs once each way).
 """

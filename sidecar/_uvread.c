@@ -29,6 +29,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <string.h>
 
 typedef struct { char *base; size_t len; } uv_buf;
 typedef struct uv_stream_head uv_stream_head;
@@ -185,6 +186,15 @@ static void quiet_reading(uv_stream_head *stream, uv_handle_obj *transport, PyOb
 
 /* -- the swap -------------------------------------------------------------------------- */
 
+/* Is `object` uvloop's TCPTransport, the one type whose layout the above reads? Its static
+ * type's name, which no Python class (a heap type) can take on */
+static int uvloop_tcp(PyObject *object) {
+    PyTypeObject *type = Py_TYPE(object);
+    return !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+           strcmp(type->tp_name, "uvloop.loop.TCPTransport") == 0 &&
+           type->tp_basicsize >= (Py_ssize_t)sizeof(uv_handle_obj);
+}
+
 /* Learn where `loop`'s receive buffer is with uvloop's own callback; 0 when the layout is
  * not the one described above. */
 static int learn(uv_stream_head *stream, PyObject *loop) {
@@ -193,11 +203,14 @@ static int learn(uv_stream_head *stream, PyObject *loop) {
     char *base = (char *)loop;
     Py_ssize_t size = (Py_ssize_t)_PyObject_SIZE(Py_TYPE(loop));
     if (buf.base == NULL || buf.base < base || buf.len == 0 ||
-        buf.base + buf.len + sizeof(int) > base + size) {
+        buf.base + buf.len + sizeof(int) > base + size || *(int *)(buf.base + buf.len) != 1) {
+        /* Not the layout described: the flag is not where it was looked for, so uvloop's
+         * own read callback gives the buffer back (a read of 0 bytes, EAGAIN, frees it and
+         * does nothing else); left in use, every later read on this loop would fail */
+        stream->read_cb(stream, 0, &buf);
         return 0;
     }
     int *flag = (int *)(buf.base + buf.len);
-    if (*flag != 1) return 0;
     *flag = 0;
     Py_ssize_t offset = buf.base - base;
     if (recv_offset >= 0 && (offset != recv_offset || buf.len != recv_len)) return 0;
@@ -213,7 +226,7 @@ static PyObject *quiet(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "quiet(transport, loop, protocol)");
         return NULL;
     }
-    if (Py_TYPE(args[0])->tp_basicsize < (Py_ssize_t)sizeof(uv_handle_obj)) Py_RETURN_FALSE;
+    if (!uvloop_tcp(args[0])) Py_RETURN_FALSE;
     uv_handle_obj *transport = (uv_handle_obj *)args[0];
     PyObject *loop = args[1];
     uv_stream_head *stream = transport->handle;
@@ -236,9 +249,7 @@ static PyObject *quiet(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 /* Is `transport`'s stream reading with `quiet_alloc`? (the tests' view of the slot) */
 static PyObject *quieted(PyObject *module, PyObject *transport) {
     (void)module;
-    uv_stream_head *stream = Py_TYPE(transport)->tp_basicsize < (Py_ssize_t)sizeof(uv_handle_obj)
-                                 ? NULL
-                                 : ((uv_handle_obj *)transport)->handle;
+    uv_stream_head *stream = uvloop_tcp(transport) ? ((uv_handle_obj *)transport)->handle : NULL;
     int ours = stream != NULL && stream->data == (void *)transport && stream->type == UV_TCP;
     return Py_BuildValue("(OO)", ours && stream->alloc_cb == quiet_alloc ? Py_True : Py_False,
                          ours && stream->read_cb == quiet_read ? Py_True : Py_False);

@@ -17,6 +17,7 @@ typedef struct {
 } Buffer;
 
 static int put(Buffer *b, const char *data, Py_ssize_t n) {
+    if (n == 0) return 0; /* nothing to copy: memcpy is not asked to take a NULL buffer */
     if (b->size + n > b->room) {
         Py_ssize_t room = (b->size + n) * 2;
         char *grown = PyMem_Realloc(b->data, room);
@@ -32,16 +33,18 @@ static int put(Buffer *b, const char *data, Py_ssize_t n) {
     return 0;
 }
 
+/* Append an encoded attribute, which must be bytes: a cache's value or an encoder method's
+ * answer (read as bytes, a bytearray there would be read past its end) */
+static int put_found(Buffer *b, PyObject *found) {
+    if (PyBytes_Check(found)) return put(b, PyBytes_AS_STRING(found), PyBytes_GET_SIZE(found));
+    PyErr_SetString(PyExc_TypeError, "an encoded attribute must be bytes");
+    return -1;
+}
+
 /* Append `bytes` (a new reference, or NULL on error: then -1), and release it */
 static int put_bytes(Buffer *b, PyObject *bytes) {
-    if (bytes == NULL) return -1;
-    if (!PyBytes_Check(bytes)) {
-        Py_DECREF(bytes);
-        PyErr_SetString(PyExc_TypeError, "an encoded attribute must be bytes");
-        return -1;
-    }
-    int r = put(b, PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
-    Py_DECREF(bytes);
+    int r = bytes == NULL ? -1 : put_found(b, bytes);
+    Py_XDECREF(bytes);
     return r;
 }
 
@@ -85,7 +88,7 @@ static PyObject *attributes(PyObject *module, PyObject *const *args, Py_ssize_t 
         /* (and below, for a flag or a tuple of strings: the same) */
         if (kind == &PyUnicode_Type || kind == &PyBool_Type || kind == &PyTuple_Type) {
             found = hit(strings, key, value);
-            if (found != NULL && put(&out, PyBytes_AS_STRING(found), PyBytes_GET_SIZE(found)) < 0)
+            if (found != NULL && put_found(&out, found) < 0)
                 goto fail;
         /* if kind is float: parts.append(doubles[key] + _double(value)) */
         } else if (kind == &PyFloat_Type) {
@@ -93,7 +96,7 @@ static PyObject *attributes(PyObject *module, PyObject *const *args, Py_ssize_t 
             if (found != NULL) {
                 unsigned char payload[8];
                 if (PyFloat_Pack8(PyFloat_AS_DOUBLE(value), (char *)payload, 1) < 0 ||
-                    put(&out, PyBytes_AS_STRING(found), PyBytes_GET_SIZE(found)) < 0 ||
+                    put_found(&out, found) < 0 ||
                     put(&out, (const char *)payload, 8) < 0)
                     goto fail;
             }
@@ -119,7 +122,7 @@ static PyObject *attributes(PyObject *module, PyObject *const *args, Py_ssize_t 
                 found = hit(ints, key, length);
                 Py_DECREF(length);
                 if (found != NULL &&
-                    (put(&out, PyBytes_AS_STRING(found), PyBytes_GET_SIZE(found)) < 0 ||
+                    (put_found(&out, found) < 0 ||
                      put(&out, (const char *)payload, size) < 0))
                     goto fail;
             }

@@ -23,7 +23,6 @@ import itertools
 import math
 from operator import sub
 
-from middleware.speedups import compiled
 from middleware.telemetry import semconv
 from middleware.telemetry.metrics import Key, LocalHistogram
 
@@ -41,17 +40,13 @@ _SPEC_BOUNDS = list(semconv.DURATION_BUCKETS)
 _NO_COUNTS: dict[int, int] = {}  # `Gaps.counts` before a fold: never written to
 
 
-def _sorted_gaps(times: list[float], last: float | None) -> list[float]:
-    """The gaps between consecutive `times` (after `last`, unless None), sorted. Per token,
-    the costliest line of telemetry's own Python (a float object per gap, object compares
-    in the sort): `middleware/telemetry/_gaps.c` is its compiled twin, used where built."""
+def sorted_gaps(times: list[float], last: float | None) -> list[float]:
+    """The gaps between consecutive `times` (after `last`, unless None), sorted. Python's
+    own: a float object per gap and the sort's float compares cost tens of ns a token, which
+    a hand-written C twin saved and no longer pays for (one source; see the note of #48)."""
     if last is None:
         return sorted(map(sub, times[1:], times))
     return sorted(map(sub, times, itertools.chain((last,), times)))
-
-
-_compiled = compiled("middleware.telemetry._gaps")
-sorted_gaps = _sorted_gaps if _compiled is None else _compiled.sorted_gaps
 
 
 class Gaps:

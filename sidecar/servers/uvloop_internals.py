@@ -4,7 +4,7 @@
 - an upstream connection's reads taking the GIL once rather than twice, and handing their
   bytes to `H1Core.data_received` in fewer steps (`quiet_reads`, `sidecar/_uvread.c`), below.
 
-Checked against uvloop 0.23 (`CHECKED`). Gate: `direct_fd(transport)` gives the socket's
+Checked against uvloop 0.23.0 (`CHECKED`, exact versions). Gate: `direct_fd(transport)` gives the socket's
 file descriptor only for uvloop's own `TCPTransport` (exactly: not TLS, not asyncio's, not
 a subclass) on a release checked; any other transport gets None, and its own `write` (the
 public path) is used.
@@ -68,7 +68,9 @@ import importlib.metadata
 
 from middleware.speedups import compiled
 
-CHECKED = {"0.23"}  # uvloop major.minor releases read against the rules above
+# uvloop releases read against the rules above, exactly: a patch release may move a field
+# (the layouts are private), so any other version takes the public path until it is read.
+CHECKED = frozenset({"0.23.0"})
 
 
 def installed() -> str | None:
@@ -83,7 +85,7 @@ def installed() -> str | None:
 def checked(version: str | None = None) -> bool:
     """Is `version` (default: the installed uvloop) one these rules were checked against?"""
     version = installed() if version is None else version
-    return version is not None and ".".join(version.split(".")[:2]) in CHECKED
+    return version in CHECKED
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
-`sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure, `telemetry.gaps._sorted_gaps`)
+`sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure)
 and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`,
-`middleware/telemetry/_gaps.c`, the OTLP attributes' loop `_otlp.c`) — behave alike, each checked here side by side; the rest of
+the OTLP attributes' loop `_otlp.c`) — behave alike, each checked here side by side; the rest of
 the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
 way). The head rules' twins (`sidecar/_heads.c`) are held to uvicorn or to the rules one by
 one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`; forced usage's
@@ -22,15 +22,14 @@ from hypothesis import strategies as st
 from middleware import frame, relaycore, speedups
 from middleware.phases import Phase
 from middleware.sse import LineState, advance
-from middleware.telemetry import gaps
 from sidecar.servers.uvicorn_internals import nowait
 from sidecar.upstream import h1core
 from tests.support.compiled import built
+from tests.support.fuzzing import examples
 
 compiled_relay = built("middleware._relaycore")
 compiled_frame = built("middleware._frame")
 compiled_sidecar = built("sidecar._core")
-compiled_gaps = built("middleware.telemetry._gaps")
 compiled_heads = built("sidecar._heads")
 compiled_usage = built("middleware._usage")
 compiled_otlp = built("middleware.telemetry._otlp")
@@ -52,7 +51,6 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert Relay.__mro__[1] is relaycore.RelayCore
         assert speedups.Frame is frame.Frame
         assert H1Connection.__mro__[1] is h1core.H1Core
-        assert gaps.sorted_gaps is gaps._sorted_gaps
         assert response_head.response_head is response_head._response_head
         assert headers.request_rules is headers._request_rules
         assert headers.response_headers is headers._response_headers
@@ -60,12 +58,11 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert usage._compiled is None
         assert otlp_encoder._compiled is None
     else:
-        built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_gaps, compiled_heads)
+        built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_heads)
         assert None not in (*built, compiled_usage, compiled_otlp), "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
         assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
-        assert gaps.sorted_gaps is compiled_gaps.sorted_gaps
         assert response_head.response_head is compiled_heads.response_head
         assert headers.request_rules is compiled_heads.request_rules
         assert headers.response_headers is compiled_heads.response_headers
@@ -97,40 +94,6 @@ def _need(module: Any, twin: str) -> None:
         pytest.fail("the compiled core is not built: `make install` builds it (needs gcc)")
 
 
-# -- sorted_gaps (telemetry's per-token fold) --------------------------------------------------
-
-_times = st.lists(
-    st.floats(-1e9, 1e9, allow_nan=False) | st.integers(-(10**6), 10**6), max_size=600
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(_times, st.none() | st.floats(-1e9, 1e9, allow_nan=False))
-@example([100.0, 100.02, 100.03, 100.03], None)
-@example([], 5.0)
-def test_the_compiled_sorted_gaps_are_the_python_ones(
-    times: list[float], last: float | None
-) -> None:
-    """The gaps between consecutive chunk times (after `last` when one is kept), sorted: the
-    compiled twin gives the same floats in the same order as the Python one, for any length
-    (its merge sort's odd-sized runs included), equal gaps, and integer times."""
-    _need(compiled_gaps, "compiled")
-    expected = gaps._sorted_gaps(times, last)
-    got = compiled_gaps.sorted_gaps(times, last)
-    assert got == expected
-    assert all(type(gap) is float for gap in got)
-
-
-def test_sorted_gaps_refuses_what_is_not_a_list_of_numbers() -> None:
-    """A wrong argument is a TypeError from both twins, not a crash or a wrong answer."""
-    _need(compiled_gaps, "compiled")
-    for sorted_gaps in (gaps._sorted_gaps, compiled_gaps.sorted_gaps):
-        with pytest.raises(TypeError):
-            sorted_gaps([1.0, "2"], None)
-    with pytest.raises(TypeError):
-        compiled_gaps.sorted_gaps((1.0, 2.0), None)
-
-
 # -- the OTLP attributes' loop (telemetry's per-span encoding) ----------------------------------
 
 _attribute_values = (
@@ -148,7 +111,7 @@ _attribute_values = (
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["a", "b", "gen_ai.response.id", "n"]), _attribute_values),
@@ -371,7 +334,7 @@ def test_an_overridden_relayed_is_the_one_called(twin: str) -> None:
     assert r.calls == [(b"x", r.last_write)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     state=st.sampled_from(list(LineState)),
     chunk=st.binary(max_size=8) | st.lists(st.sampled_from([b"\r", b"\n", b"a"])).map(b"".join),
@@ -499,7 +462,7 @@ def around(draw: st.DrawFn, parts: tuple[bytes, bytes, bytes]) -> bytes:
     return head + content + ending
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.sampled_from([SUFFIX, STAMPED]), st.data())
 def test_the_compiled_frame_decides_any_body_as_the_python_one(
     suffix: bytes, data: st.DataObject
@@ -523,7 +486,7 @@ def odd_frames(draw: st.DrawFn) -> tuple[bytes, bytes, bytes]:
     return prefix, marker, suffix
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(odd_frames(), st.data())
 def test_the_compiled_frame_agrees_on_odd_frames_too(
     parts: tuple[bytes, bytes, bytes], data: st.DataObject
@@ -567,7 +530,7 @@ def _first_token_twin(twin: str) -> Any:
     return frame.first_token if twin == "python" else compiled_frame.first_token
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(
     st.lists(st.lists(st.sampled_from(_TOKEN_BITS), max_size=6).map(b"".join), max_size=4),
     st.sampled_from(["chat", "completions"]),
@@ -1218,7 +1181,7 @@ def chunked(payloads: list[bytes], upper: bool, zeros: int) -> bytes:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @example([b"data: a\n\n", b"data: bc\n\n"], [80, 94, 109], False, 0, "compiled")
 @example([b"data: a\n\n", b"data: bc\n\n"], [80, 94, 109], False, 0, "python")
 @given(

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sidecar.servers.uvicorn_internals import connection
+from tests.support.fuzzing import examples
 
 Reader = Callable[[list[tuple[bytes, bytes]]], bool]
 
@@ -43,7 +44,7 @@ _VALUES = st.sampled_from(
 ) | st.binary(max_size=6)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(_NAMES, _VALUES), min_size=1, max_size=8))
 @example([(b"Expect", b"100-CONTINUE  ")])
 @example([(b"host", b"a")])
@@ -71,7 +72,7 @@ def test_an_unusual_list_gets_the_python_twins_reading() -> None:
 _TARGET_BYTES = st.sampled_from(list(b"/?#%:@!$&'()*+,;=-._~aZ09 \t\x00\x7f\x80\xff\"<>[]{}|\\^`"))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.binary(max_size=3).map(lambda b: b"/" + b) | st.lists(_TARGET_BYTES, max_size=12).map(bytes)
 )

@@ -22,6 +22,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from sidecar.servers import response_head as module
+from tests.support.fuzzing import examples
 
 Head = Callable[..., Any]
 
@@ -207,7 +208,7 @@ _VALUES = st.sampled_from(
 ) | st.binary(max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.sampled_from([200, 204, 304, 404, 299, 500]),
     st.lists(st.tuples(_NAMES, _VALUES), max_size=6),

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from middleware import usage
 from tests.support.compiled import built
+from tests.support.fuzzing import examples
 
 compiled = built("middleware._usage")  # that it is built: tests/unit/test_core_twins.py
 
@@ -104,7 +105,7 @@ def bodies(draw: st.DrawFn) -> bytes:
     return body
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(bodies())
 @example(b'{"model":"emulator","messages":[{"role":"user","content":"hi"}],"stream":true}')
 @example(b'{"stream":true,"stream":true}')
@@ -210,7 +211,7 @@ def chunks(draw: st.DrawFn) -> bytes:
     return out
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(chunks())
 @example(b'data: {"choices":[],"usage":{}}\n\n')
 @example(b'x\n\n\ndata: {"choices":[],"usage":{}}\n\n')
@@ -235,7 +236,7 @@ def test_a_reply_in_one_read_is_answered_here() -> None:
     assert python_hide(token + finish + event + done) == token + finish + done
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(chunks())
 @example(b'x\n\n\ndata: {"choices":[],"usage":{}}\n\n')
 def test_looking_only_at_the_events_holding_usage_drops_what_checking_each_drops(
