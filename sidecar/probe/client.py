@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import urllib.parse
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import monotonic
 
 import httpcore
@@ -151,8 +152,32 @@ class EventReader:
             t.complete = True
 
 
+class _Redirect(Exception):
+    """The probe URL answered a redirect to `url` (same origin): read that one instead."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+REDIRECTS = frozenset({301, 302, 307, 308})
+
+
 async def read(target: Target, shape: Shape) -> Timeline:
-    """One probe stream, timed. Raises ProbeError when there is no probe stream to read."""
+    """One probe stream, timed. Raises ProbeError when there is no probe stream to read.
+
+    One redirect to the same origin is followed: a probe mounted in a Starlette app answers
+    its path without the trailing slash with a 307 to the path with it. A redirect to another
+    origin, or a second one, is reported, not followed (the probe measures one path)."""
+    try:
+        return await _read(target, shape)
+    except _Redirect as redirect:
+        try:
+            return await _read(replace(target, url=redirect.url), shape)
+        except _Redirect:
+            raise ProbeError(f"the probe answered a second redirect, from {redirect.url}") from None
+
+
+async def _read(target: Target, shape: Shape) -> Timeline:
     timeline = Timeline()
     url = f"{target.url}?{shape.query()}"
     headers = [(b"accept", b"text/event-stream"), (b"accept-encoding", ACCEPT_ENCODING)]
@@ -170,7 +195,7 @@ async def read(target: Target, shape: Shape) -> Timeline:
             pool.stream("GET", url, headers=headers, extensions={"timeout": timeouts}) as response,
         ):
             timeline.headers_at = monotonic() - began
-            await _read_body(response, timeline, began)
+            await _read_body(response, timeline, began, target.url)
     except TimeoutError:
         if timeline.headers_at is None:
             raise ProbeError(f"no response from {target.url} in time") from None
@@ -184,11 +209,17 @@ async def read(target: Target, shape: Shape) -> Timeline:
     return timeline
 
 
-async def _read_body(response: httpcore.Response, timeline: Timeline, began: float) -> None:
+async def _read_body(
+    response: httpcore.Response, timeline: Timeline, began: float, url: str
+) -> None:
     timeline.status = response.status
     version = response.extensions.get("http_version", b"HTTP/1.1")
     timeline.http_version = version.decode().removeprefix("HTTP/")
     timeline.headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in response.headers]
+    location = timeline.header("location")
+    if response.status in REDIRECTS and location is not None:
+        await response.aread()
+        raise _Redirect(_same_origin(url, location))
     if response.status != 200:
         body = b"".join([part async for part in response.aiter_stream()])
         raise ProbeError(f"the probe answered {response.status}: {_message(body)}")
@@ -203,6 +234,16 @@ async def _read_body(response: httpcore.Response, timeline: Timeline, began: flo
     except (httpcore.ReadError, httpcore.RemoteProtocolError, zlib.error) as exc:
         timeline.error = str(exc) or type(exc).__name__
     timeline.ended_at = monotonic() - began
+
+
+def _same_origin(url: str, location: str) -> str:
+    """`location` made absolute against `url`, without its query (the probe adds its own);
+    ProbeError when it names another origin."""
+    moved = urllib.parse.urljoin(url, location)
+    here, there = urllib.parse.urlsplit(url), urllib.parse.urlsplit(moved)
+    if (here.scheme, here.netloc) != (there.scheme, there.netloc):
+        raise ProbeError(f"the probe answered a redirect to another origin: {moved}")
+    return urllib.parse.urlunsplit((there.scheme, there.netloc, there.path, "", ""))
 
 
 def _message(body: bytes) -> str:

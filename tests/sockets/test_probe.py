@@ -189,3 +189,40 @@ async def test_the_probes_cpu_is_bounded_like_any_relayed_stream() -> None:
     # The relay's CPU includes the emulator's (same process); the probe's includes making
     # its events. A probe event may cost up to twice a relayed one.
     assert probe_cpu / sum(probed) <= 2 * relay_cpu / sum(relayed), (probe_cpu, relay_cpu)
+
+
+@pytest.mark.parametrize("url", ["/sidestream/v1/probe", "/sidestream/v1/probe/", "/"])
+async def test_the_probe_mounted_in_a_starlette_app_is_read_as_docs_probe_md_shows(
+    url: str,
+) -> None:
+    """`Mount("/sidestream/v1/probe", ProbeApp(...))` inside StreamGuard, as docs/probe.md
+    shows: Starlette answers the path without the slash with a 307 to the path with it; the
+    client follows that one same-origin redirect, and the probe passes every check whether the
+    user gave the probe's path, with or without its slash, or the app's base URL."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    # as the doc's line, with an interval the probe's short gap can show
+    app = Starlette(routes=[Mount("/sidestream/v1/probe", ProbeApp(keepalive_interval=0.2))])
+    guard = StreamGuard(app, keepalive_interval=0.2)
+    async with serve(guard) as port:
+        target = Target.from_url(f"http://127.0.0.1:{port}{url}")
+        plain = await read(target, Shape(6, 20, 64, 0.5, False))
+        kept = await read(target, Shape(2, 20, 0, 0.5, True))
+    assert plain.status == 200 and plain.complete
+    statuses = {c.name: c.status for c in checks(plain, kept)}
+    assert set(statuses.values()) == {Status.OK}, statuses
+
+
+async def test_a_redirect_to_another_origin_is_reported_not_followed() -> None:
+    """The probe measures one path: a redirect to another host is a clear ProbeError."""
+    from sidecar.probe.client import ProbeError
+
+    async def moved(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        headers = [(b"location", b"http://other.example/sidestream/v1/probe/")]
+        await send({"type": "http.response.start", "status": 307, "headers": headers})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    async with serve(moved) as port:
+        with pytest.raises(ProbeError, match="another origin"):
+            await read(Target.from_url(f"http://127.0.0.1:{port}"), Shape(events=2))
