@@ -4,7 +4,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.test-deps
+CORE_C := $(wildcard middleware/*.c middleware/telemetry/*.c sidecar/*.c)
 SRC := middleware sidecar tests $(wildcard bench)
+# The tiers `make test-py` runs on another Python (the system tier runs on $(PYTHON)).
+PY ?= 3.12
+PY_TIERS := tests/unit tests/asgi tests/sockets
+# llama.cpp for the `llamacpp` extra: PyPI has no Linux wheel, so pip compiles it, about
+# 5 min on two shared cores, at the lowest priority so the machine's other work goes on.
+# pip's wheel cache (~/.cache/pip) keeps the build of the pinned release: later installs take
+# seconds. Portable (not -march=native), so the cached wheel fits any machine of this kind.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
 
 .DEFAULT_GOAL := help
 
@@ -12,7 +22,7 @@ SRC := middleware sidecar tests $(wildcard bench)
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*?## "} /^[a-zA-Z_-]+:.*?## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml setup.py $(wildcard middleware/*.c middleware/telemetry/*.c sidecar/*.c)
+$(STAMP): pyproject.toml setup.py $(CORE_C)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -25,14 +35,42 @@ install: $(STAMP) ## Create .venv and install sidestream editable with the dev e
 run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on localhost (Ctrl-C stops both).
 	$(BIN)/python -m sidecar.demo
 
+$(TEST_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" nice -n 19 $(BIN)/pip install --quiet -e '.[dev,llamacpp,system]'
+	@touch $@
+
+.PHONY: test-deps
+test-deps: ## Install what the whole suite needs: the programs it runs (apt-get on Debian), then the llamacpp and system extras.
+	@PYTHON=$(PYTHON) bash tests/support/system-deps.sh
+	@$(MAKE) --no-print-directory $(TEST_STAMP)
+
 .PHONY: test
-test: $(STAMP) ## Run the whole test suite (unit, asgi, sockets, system) with coverage, with the compiled core and then without it.
+test: test-deps ## Run the whole test suite (unit, asgi, sockets, system) with coverage, with the compiled core and then without it.
 	$(BIN)/pytest --cov --cov-report=term:skip-covered $(PYTEST_ARGS)
 	SIDESTREAM_NO_EXTENSIONS=1 $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: $(STAMP) ## Run the unit and asgi tiers only (no sockets, no processes; seconds).
+test-fast: $(STAMP) ## Run the unit and asgi tiers only (nothing but .venv; under a minute).
 	$(BIN)/pytest tests/unit tests/asgi $(PYTEST_ARGS)
+
+.PHONY: test-py
+test-py: test-py-$(PY) ## Run the unit, asgi and sockets tiers on another Python, both cores, in .venv-PY: make test-py PY=3.13
+
+# make test-py-3.13: pyenv's newest 3.13.x, else python3.13 on PATH. `make -j2 -O test-py-3.12
+# test-py-3.13` runs two at once (the sockets tier mostly waits on timers).
+test-py-%: .venv-%/.installed
+	.venv-$*/bin/pytest $(PY_TIERS) $(PYTEST_ARGS)
+	SIDESTREAM_NO_EXTENSIONS=1 .venv-$*/bin/pytest $(PY_TIERS) $(PYTEST_ARGS)
+
+.PRECIOUS: .venv-%/.installed
+.venv-%/.installed: pyproject.toml setup.py $(CORE_C)
+	@py=$$(pyenv root 2>/dev/null)/versions/$$(pyenv latest $* 2>/dev/null)/bin/python; \
+	[ -x "$$py" ] || py=$$(command -v python$*) || { \
+	  echo "make: no Python $* here: \`pyenv install $*\` installs it" >&2; exit 1; }; \
+	echo "$$py -m venv .venv-$*"; "$$py" -m venv .venv-$*
+	.venv-$*/bin/pip install --quiet --upgrade pip
+	.venv-$*/bin/pip install --quiet -e '.[dev]'
+	@touch $@
 
 .PHONY: sanitize
 sanitize: $(STAMP) ## Build every C extension with ASan + UBSan (in build/sanitize) and run the twin tests and the differential fuzz on it. SIDESTREAM_FUZZ_SCALE=10
@@ -66,5 +104,5 @@ fmt: $(STAMP) ## Format and autofix with ruff.
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches.
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage htmlcov *.egg-info
+	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage htmlcov *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

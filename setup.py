@@ -1,7 +1,7 @@
 """The compiled per-chunk core, built where a C compiler exists (metadata: pyproject.toml).
 
 Optional: where the build fails (no compiler, no Python headers) the install goes on with
-the pure-Python core, and `middleware.speedups` logs that once at import.
+the pure-Python core, and `sidestream --version` and the start line say so (`middleware.speedups`).
 """
 
 import os

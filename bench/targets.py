@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import shutil
 import signal
 import socket
@@ -258,9 +259,10 @@ class Session:
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         redis = self.spawn("redis", [*argv, "--appendonly", "no"], LOAD_CORES)
         wait_port(port, redis)
-        return self._start_sidestream(
-            flags=("--resume", "--resume-store", f"redis://127.0.0.1:{port}/0")
-        )
+        secret = self.workdir / "resume-secret"  # the store needs one (--resume-secret-file)
+        secret.write_text(secrets.token_urlsafe(32))
+        store = ("--resume-store", f"redis://127.0.0.1:{port}/0", "--resume-secret-file")
+        return self._start_sidestream(flags=("--resume", *store, str(secret)))
 
     def _start_sidestream_otel(
         self, cwd: Path = ROOT, sinks: str | None = None

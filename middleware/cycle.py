@@ -40,6 +40,7 @@ from middleware.registry import StreamRegistry
 from middleware.relay import Relay
 from middleware.sse import LineState, SSEScanner
 from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send, SendNowait
+from middleware.usage import BODY_LIMIT
 
 logger = logging.getLogger("sidestream")
 
@@ -90,6 +91,12 @@ class Settings:
     registry: StreamRegistry
     usage: str = "pass"  # `usage.MODES`: ask OpenAI-style upstreams for usage ("force")
     resume: Resumer | None = None
+    usage_body_limit: int = BODY_LIMIT  # request body bytes forced usage holds at most
+
+    @property
+    def forcing(self) -> tuple[str, int]:
+        """What `usage.prepare` is given: the mode, and the body bytes it may hold."""
+        return self.usage, self.usage_body_limit
 
 
 class Cycle(Relay):
@@ -159,7 +166,7 @@ class Cycle(Relay):
         self.running = True
         try:
             receive: Receive = self.receiver.receive
-            if (forcing := usage.prepare(self.scope, receive, settings.usage)) is not None:
+            if (forcing := usage.prepare(self.scope, receive, *settings.forcing)) is not None:
                 (receive, self.edit), forcing = await forcing, None  # not held while open
             await settings.app(self.scope, receive, self.send)
         except asyncio.CancelledError:

@@ -76,6 +76,14 @@ class UpstreamProtocolError(UpstreamError):
     default_message = "the upstream broke the HTTP exchange"
 
 
+class CompressionRatioExceeded(UpstreamError):
+    """A compressed body that inflates past the ratio no stream reaches (a bomb):
+    `framing.INFLATE_MAX_RATIO`."""
+
+    code = "compression_ratio_exceeded"
+    default_message = "the upstream's compressed body inflates past the ratio limit"
+
+
 class StreamTimeout(StreamError):
     status = 504
     type = "timeout"

@@ -13,6 +13,7 @@ from itertools import compress
 from operator import itemgetter, not_
 
 from middleware.dialects import Dialect
+from middleware.errors import CompressionRatioExceeded, UpstreamProtocolError
 from middleware.sse import LineState
 
 # Headers a stream never forwards: framing the server redoes, hop-by-hop headers, and the
@@ -34,6 +35,16 @@ _DROP = frozenset(
 _DROP_DECODED = _DROP | {b"content-encoding"}  # a body the guard decodes goes out plain
 STREAM_HEADERS = ((b"cache-control", b"no-cache, no-transform"), (b"x-accel-buffering", b"no"))
 DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
+# A compressed body is inflated in pieces of at most this many bytes, the next one made when
+# the reader took the last (`Inflater`, `relay.Relay._inflate`): what a stream holds for it
+# stays bounded whatever the body inflates to.
+INFLATE_STEP = 64 * 1024
+# Past this ratio of inflated to compressed bytes a body is a bomb, not a stream: SSE gzips
+# ~10-20x (an event flushed at a time), a long run of identical token chunks squeezed whole
+# ~230x, while deflate tops out at ~1030x on a run of one byte. Judged only once this much
+# came out, so that a short, very regular start (a padding comment) is not taken for one.
+INFLATE_MAX_RATIO = 500
+INFLATE_RATIO_AFTER = 1024 * 1024
 _name = itemgetter(0)
 
 # Before writing a terminal event, close whatever the stream left open so the event starts at
@@ -107,30 +118,78 @@ def stream_headers(
 class Inflater:
     """Incremental gzip/deflate decoder for a body that arrived compressed anyway.
 
+    Bounded whatever the compression ratio: `decompress` takes a compressed chunk and hands
+    out at most `INFLATE_STEP` bytes of what it inflates to, `more` the next piece, and the
+    rest stays compressed (zlib's `unconsumed_tail`) until the relay asks, which it does
+    once the reader took the previous piece. What a stream holds for this is its one
+    compressed chunk, one piece and zlib's 32 KiB window. A body that inflates past
+    `INFLATE_MAX_RATIO` times the compressed bytes taken (once `INFLATE_RATIO_AFTER` bytes
+    came out) is no SSE stream but a bomb: `CompressionRatioExceeded`.
+
     "deflate" is meant to be zlib-wrapped (RFC 9110) but servers also send raw deflate;
     the first bytes decide which.
     """
 
-    __slots__ = ("_decoder", "_raw_fallback")
+    __slots__ = ("_decoder", "_raw_fallback", "_tail", "inflated", "taken")
 
     def __init__(self, encoding: bytes) -> None:
         gzip = encoding in (b"gzip", b"x-gzip")
         self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16 if gzip else zlib.MAX_WBITS)
         self._raw_fallback = not gzip
+        self._tail = b""  # input zlib has not taken yet (it stopped at a piece's bound)
+        self.taken = 0  # compressed bytes zlib has taken
+        self.inflated = 0  # bytes handed out
 
     def decompress(self, data: bytes) -> bytes:
+        """The first piece of what `data` inflates to (`more` hands out the rest; any of the
+        last chunk's input not taken yet goes first)."""
+        if self._tail:
+            data = self._tail + data
         try:
-            out = self._decoder.decompress(data)
-        except zlib.error:
+            out = self._decoder.decompress(data, INFLATE_STEP)
+        except zlib.error as exc:
             if not self._raw_fallback:
-                raise
+                raise _corrupt(exc) from exc
             self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
-            out = self._decoder.decompress(data)
+            try:
+                out = self._decoder.decompress(data, INFLATE_STEP)
+            except zlib.error as exc:
+                raise _corrupt(exc) from exc
         self._raw_fallback = False
-        return out
+        return self._counted(data, out)
+
+    def more(self) -> bytes:
+        """The next piece of the input taken so far; b"" once it is all out. A piece shorter
+        than the bound means zlib wants more input (none is pending inside it then)."""
+        data = self._tail
+        try:
+            out = self._decoder.decompress(data, INFLATE_STEP)
+        except zlib.error as exc:
+            raise _corrupt(exc) from exc
+        return self._counted(data, out)
 
     def flush(self) -> bytes:
-        return self._decoder.flush()
+        """What is left at the body's end: nothing once `more` gave b"" (zlib holds no
+        output then), so this stays within the bound too."""
+        try:
+            return self._decoder.flush()
+        except zlib.error as exc:
+            raise _corrupt(exc) from exc
+
+    def _counted(self, data: bytes, out: bytes) -> bytes:
+        tail = self._tail = self._decoder.unconsumed_tail
+        self.taken += len(data) - len(tail)
+        self.inflated = inflated = self.inflated + len(out)
+        if inflated > INFLATE_RATIO_AFTER and inflated > INFLATE_MAX_RATIO * self.taken:
+            raise CompressionRatioExceeded(
+                f"the upstream's compressed body inflates past {INFLATE_MAX_RATIO} times its"
+                f" size ({inflated} bytes from {self.taken}): refused as a compression bomb"
+            )
+        return out
+
+
+def _corrupt(exc: zlib.error) -> UpstreamProtocolError:
+    return UpstreamProtocolError(f"the upstream's compressed body is invalid: {exc}")
 
 
 def terminal_event(

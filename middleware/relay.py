@@ -58,6 +58,7 @@ class Relay(RelayCore):
         "completed_at",
         "dialect",
         "downstream",
+        "inflating",
         "keepalives",
         "receiver",
         "wrote_before_body",
@@ -83,6 +84,7 @@ class Relay(RelayCore):
         self.scanner = None
         self.dialect: Dialect | None = None
         self.inflater = None
+        self.inflating = False  # `_inflate` is handing its pieces to `send`
         self.edit = None
         self.frame = None  # none learned (telemetry learns one)
         self.chunks = self.body_bytes = 0
@@ -114,9 +116,9 @@ class Relay(RelayCore):
         if 0 < self.slice_bytes < len(body):
             await self._slices(body, more)
             return
-        if self.inflater is not None:
-            body = self.inflater.decompress(body) + (b"" if more else self.inflater.flush())
-            message = {"type": "http.response.body", "body": body, "more_body": more}
+        if self.inflater is not None and not self.inflating:
+            await self._inflate(body, more)
+            return
         now = monotonic()
         if body:
             if phase is HEADERS:
@@ -146,8 +148,8 @@ class Relay(RelayCore):
 
         For streams whose every event costs Python work on its way (resume's ids and store),
         where a fast upstream's read of up to 256 KB of events, taken in at once for each of
-        many streams, held the loop for seconds from every other stream. The bound is on the
-        bytes as the app sent them: a compressed chunk inflates to more. While the rest waits,
+        many streams, held the loop for seconds from every other stream. A compressed chunk is
+        sliced as it came, and each piece it inflates to again (`_inflate`). While the rest waits,
         `send_nowait` refuses (`sending_since`), so no later chunk overtakes it."""
         size, start, end = self.slice_bytes, 0, len(body)
         while start < end:
@@ -170,6 +172,28 @@ class Relay(RelayCore):
                     await asyncio.sleep(0)
                 finally:
                     self.sending_since = None
+
+    async def _inflate(self, body: bytes, more: bool) -> None:
+        """A compressed chunk, inflated in pieces of at most `framing.INFLATE_STEP`, each
+        relayed by `send` as a chunk of its own (`inflating`: taken as it is there); the next
+        is made only once the last was written, so a reader that takes nothing leaves the rest
+        compressed, however much it inflates to. A loop turn between pieces, as between
+        slices: one chunk may inflate to a great many."""
+        inflater = self.inflater
+        assert inflater is not None
+        self.inflating = True
+        try:
+            piece = inflater.decompress(body)
+            while piece:
+                await self.send({"type": "http.response.body", "body": piece, "more_body": True})
+                piece = inflater.more()
+                if piece:
+                    await asyncio.sleep(0)
+            if not more:
+                end = inflater.flush()
+                await self.send({"type": "http.response.body", "body": end, "more_body": False})
+        finally:
+            self.inflating = False
 
     def _scan(self, body: bytes, now: float) -> None:
         scanner = self.scanner

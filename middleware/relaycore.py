@@ -57,7 +57,11 @@ class Decoder(Protocol):
     """A compressed body's decoder (`framing.Inflater`). Declared here, not imported: the
     dialects, which `framing` imports, take `Frame` from `speedups`, which imports this."""
 
-    def decompress(self, data: bytes) -> bytes: ...
+    def decompress(self, data: bytes) -> bytes:
+        """The first bounded piece of what `data` inflates to."""
+
+    def more(self) -> bytes:
+        """The next piece, b"" once the input taken so far is all out."""
 
     def flush(self) -> bytes: ...
 

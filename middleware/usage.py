@@ -15,6 +15,11 @@ Deliberate choices (do not "fix" these):
   and no larger than `BODY_LIMIT` is rewritten; anything else goes on byte for byte, and so
   does a request whose client asked for usage itself. Responses and Anthropic requests carry
   usage already and are not touched.
+- The body is read before the app sees the request, so what is held per request has a
+  stated bound: `BODY_LIMIT`, or the caller's lower `limit` (the sidecar's `--max-body`),
+  plus the one message that crossed it (the server made it already; it is handed on). A
+  body whose Content-Length is past the limit is not read here at all. How long the read
+  may take is the server's to bound (the sidecar's `--body-timeout`).
 - When the body has no `stream_options`, the field is inserted as text before the object's
   closing brace: every other byte stays as the client wrote it (numbers keep their
   spelling). An existing `stream_options` object is amended by re-serializing the body
@@ -37,7 +42,7 @@ from middleware.speedups import compiled
 from middleware.types import Message, Receive, Scope
 
 MODES = ("pass", "force", "continuous")
-BODY_LIMIT = 1 << 20  # request bytes parsed at most; a larger body is forwarded unchanged
+BODY_LIMIT = 1 << 20  # request bytes read and parsed at most; a larger body goes unchanged
 PATHS = ("openai.chat", "openai.completions")  # the dialects whose requests are rewritten
 _FLAT_USAGE = re.compile(rb',"usage":\{[^{}"]*(?:"[a-z_]+":[0-9]+,?)*\}')
 # Both questions answered in one pass over the bytes, without the JSON's objects, where
@@ -137,24 +142,41 @@ def _with_length(scope: Scope, length: int) -> None:
         ]
 
 
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, if it has one that is a plain number."""
+    headers = scope.get("headers") or []
+    names = list(map(_NAME, headers))  # found by a C loop, as in `_with_length`
+    if b"content-length" not in names:
+        return None
+    value: bytes = headers[names.index(b"content-length")][1]
+    return int(value) if value.isdigit() else None
+
+
 def prepare(
-    scope: Scope, receive: Receive, mode: str
+    scope: Scope, receive: Receive, mode: str, limit: int = BODY_LIMIT
 ) -> Coroutine[Any, Any, tuple[Receive, HideUsage | None]] | None:
     """`force(...)`, to be awaited, for a POST to an OpenAI chat/completions or completions
     path when `mode` forces usage; None for any other request, and for any in mode "pass".
-    Not a coroutine itself: a request's way to its first token awaits one coroutine less."""
+    `limit`: request body bytes read at most (never past `BODY_LIMIT`). Not a coroutine
+    itself: a request's way to its first token awaits one coroutine less."""
     if mode == "pass" or scope.get("method") != "POST":
         return None
     dialect = select(scope.get("path", ""))
     if dialect is None or dialect.name not in PATHS:
         return None
-    return force(scope, receive, mode)
+    return force(scope, receive, mode, min(limit, BODY_LIMIT))
 
 
-async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, HideUsage | None]:
-    """Read the request body (up to BODY_LIMIT) and ask for usage in it. Returns the receive
-    the app reads instead (the body, rewritten or not, then the client's receive) and the
-    edit that hides usage from a client that did not ask (None when nothing was forced)."""
+async def force(
+    scope: Scope, receive: Receive, mode: str, limit: int = BODY_LIMIT
+) -> tuple[Receive, HideUsage | None]:
+    """Read the request body (up to `limit` bytes) and ask for usage in it. Returns the
+    receive the app reads instead (the body, rewritten or not, then the client's receive)
+    and the edit that hides usage from a client that did not ask (None when nothing was
+    forced)."""
+    declared = _declared_length(scope)
+    if declared is not None and declared > limit:
+        return receive, None  # too large to rewrite: not read here
     read: list[Message] = []
     size = 0
     while True:
@@ -163,7 +185,7 @@ async def force(scope: Scope, receive: Receive, mode: str) -> tuple[Receive, Hid
         if message["type"] != "http.request":
             return _Replay(read, receive), None  # gone before its body was in
         size += len(message.get("body", b""))
-        if size > BODY_LIMIT:
+        if size > limit:
             return _Replay(read, receive), None
         if not message.get("more_body", False):
             break

@@ -3,6 +3,9 @@ apart from traffic.
 
 It binds to 127.0.0.1 by default: nothing here needs to be reachable from outside the pod
 except by the kubelet, which is given the pod IP by setting `--admin-listen 0.0.0.0:9901`.
+Even then only the probes and `/metrics` (`OPEN`) answer anyone; `POST /drain` and the live
+view answer loopback peers, or a bearer token (`sidecar.admin_access`), else 403 and
+nothing happens. A route not listed in `OPEN` is a control route.
 
 Starlette serves it: these requests are a few a second at most, so routing and responses
 are Starlette's; the traffic path stays pure ASGI. Unknown paths and wrong methods answer
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -25,9 +29,13 @@ from starlette.routing import Route
 
 from middleware.registry import StreamRegistry
 from middleware.types import Receive, Scope, Send
+from sidecar.admin_access import AdminAccess, AdminToken, peer
 from sidecar.streams_view import StreamsView
+from sidecar.upstream.h2c import WatchingBackend
 from sidecar.upstream.tls import UpstreamTLS
 from sidecar.upstream.types import Upstream
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_TIMEOUT_SECONDS = 2.0
@@ -41,6 +49,9 @@ ROUTES = {  # GET takes HEAD
     "/streams/events": "GET",
     "/": "GET",
 }
+OPEN = frozenset({"/livez", "/readyz", "/metrics"})  # the kubelet's and Prometheus's: anyone
+
+logger = logging.getLogger("sidestream")
 
 
 class UpstreamHealth:
@@ -57,8 +68,17 @@ class UpstreamHealth:
         context = (
             (tls or UpstreamTLS()).context(["http/1.1"]) if upstream.scheme == "https" else None
         )
+        # The traffic's own protocol: an h2c:// upstream is asked with HTTP/2 prior
+        # knowledge, so an upstream that speaks only HTTP/1.1 is unready, and says why.
+        h2c = upstream.scheme == "h2c"
         self._pool = httpcore.AsyncConnectionPool(
-            max_connections=1, uds=uds, retries=0, ssl_context=context
+            max_connections=1,
+            uds=uds,
+            retries=0,
+            ssl_context=context,
+            http1=not h2c,
+            http2=h2c,
+            network_backend=WatchingBackend() if h2c else None,
         )
         self._scheme = "https" if upstream.scheme == "https" else "http"
 
@@ -96,12 +116,15 @@ class AdminApp:
         health: UpstreamHealth,
         start_drain: Callable[[], None],
         metrics: Callable[[], Awaitable[bytes] | bytes] | None = None,
+        *,
+        token: AdminToken | None = None,
     ) -> None:
         self.registry = registry
         self.health = health
         self.start_drain = start_drain
         self.metrics = metrics
-        view = StreamsView(registry)
+        self.access = AdminAccess(token)
+        self.view = view = StreamsView(registry)
         endpoints = {
             "/livez": self._livez,
             "/readyz": self._readyz,
@@ -111,8 +134,12 @@ class AdminApp:
             "/streams/events": view.events,
             "/": view.page,
         }
+        routes = []
+        for path, method in ROUTES.items():
+            endpoint = endpoints[path] if path in OPEN else self._control(endpoints[path])
+            routes.append(Route(path, endpoint, methods=[method]))
         self._app = Starlette(
-            routes=[Route(path, endpoints[path], methods=[m]) for path, m in ROUTES.items()],
+            routes=routes,
             exception_handlers={404: _not_found, 405: _method_not_allowed},
             lifespan=self._lifespan,
         )
@@ -124,6 +151,26 @@ class AdminApp:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         yield
         await self.health.aclose()
+
+    def _control(self, endpoint: Endpoint) -> Endpoint:
+        """`endpoint`, run only when `self.access` allows the peer; else 403, before the
+        endpoint runs or any body is read."""
+
+        async def control(request: Request) -> Response:
+            if self.access.allows(request.scope):
+                return await endpoint(request)
+            where = "on loopback, or with the admin token" if self.access.token else "on loopback"
+            logger.warning(
+                "admin: refused %s %s from %s: it answers only %s",
+                request.method,
+                request.url.path,
+                peer(request.scope),
+                where,
+            )
+            message = f"{request.method} {request.url.path} answers only {where}"
+            return _json(403, {"error": {"message": message, "code": "forbidden"}})
+
+        return control
 
     async def _livez(self, request: Request) -> Response:
         return _json(200, {"status": "ok"})

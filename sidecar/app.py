@@ -3,8 +3,8 @@
 Start-up binds every listener before any serves (`sidecar.servers.sockets`): a port in use or
 a certificate that does not load ends it with one line on stderr and exit status 1, while no
 port accepts. Once every listener is up, `--ready-file` gets the bound addresses as JSON
-(`{"listen": "HOST:PORT", "admin": "HOST:PORT" or null}`, written to a temporary file and
-renamed), so a wrapper or a test can use port 0.
+(`{"listen": "HOST:PORT", "admin": "HOST:PORT" or null, "version", "core", "python"}`,
+written to a temporary file and renamed), so a wrapper or a test can use port 0.
 
 The traffic port is served by uvicorn (HTTP/1.1), or with `--http2` by hypercorn: HTTP/1.1
 and HTTP/2 on the same port — h2c with prior knowledge in cleartext, ALPN `h2`/`http/1.1`
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import inspect
 import json
@@ -36,7 +37,9 @@ from typing import Any
 from middleware.guard import StreamGuard
 from middleware.probe import ProbeApp
 from middleware.registry import StreamRegistry
+from middleware.speedups import core
 from sidecar.admin import AdminApp, UpstreamHealth
+from sidecar.build_info import build_info, with_build_info
 from sidecar.config import Settings, version
 from sidecar.probe.route import ProbeRoute
 from sidecar.proxy import ProxyApp
@@ -79,7 +82,7 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
     options: dict[str, Any] = {"telemetry": telemetry} if telemetry is not None else {}
     if settings.resume:
         options["resume"] = build_resume(settings, telemetry)
-    return StreamGuard(
+    guard = StreamGuard(
         ProbeRoute(proxy, probe),
         keepalive_interval=settings.keepalive_interval,
         first_token_timeout=settings.first_token_timeout,
@@ -91,6 +94,11 @@ def build_guard(settings: Settings, registry: StreamRegistry, telemetry: Any = N
         usage=settings.usage,
         **options,
     )
+    if settings.max_body is not None:
+        # Forced usage reads a chat body before the proxy counts it: never past --max-body.
+        limit = min(settings.max_body, guard.settings.usage_body_limit)
+        guard.settings = dataclasses.replace(guard.settings, usage_body_limit=limit)
+    return guard
 
 
 def build_resume(settings: Settings, telemetry: Any = None) -> Any:
@@ -102,6 +110,7 @@ def build_resume(settings: Settings, telemetry: Any = None) -> Any:
         from middleware.telemetry.resume_spans import ResumeSpans
 
         tracer = ResumeSpans(provider)
+    secret, password = settings.resume_secret_file, settings.resume_store_password_file
     return Resume(
         settings.resume_store,
         grace=settings.resume_grace,
@@ -110,6 +119,10 @@ def build_resume(settings: Settings, telemetry: Any = None) -> Any:
         memory=settings.resume_memory,
         keepalive=settings.keepalive_interval,
         tracer=tracer,
+        secret=None if secret is None else secret.value,
+        credential_headers=settings.resume_credential_headers,
+        store_password=None if password is None else password.value.decode(),
+        store_ca=settings.resume_store_ca,
     )
 
 
@@ -145,7 +158,10 @@ class Sidecar:
         metrics = getattr(telemetry, "prometheus_text", None)
         if self.guard.resume is not None:
             metrics = with_resume_metrics(metrics, self.guard.resume, self.registry)
-        self.admin = AdminApp(self.registry, self.health, self.start_drain, metrics)
+        metrics = with_build_info(metrics, self.registry)
+        self.admin = AdminApp(
+            self.registry, self.health, self.start_drain, metrics, token=settings.admin_token_file
+        )
         self.servers: list[Listener] = []
         self._drain: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -200,6 +216,7 @@ class Sidecar:
                 {
                     "listen": bound_address(sockets["listen"]),
                     "admin": bound_address(admin) if admin is not None else None,
+                    **build_info(),
                 },
             )
 
@@ -263,8 +280,9 @@ def run(settings: Settings, telemetry: Any = None) -> int:
     limit = raise_nofile_limit()
     admin = sockets.get("admin-listen")
     logger.info(
-        "sidestream %s on %s -> %s (admin %s, %d file descriptors)",
+        "sidestream %s (%s) on %s -> %s (admin %s, %d file descriptors)",
         version(),
+        core(),
         bound_address(sockets["listen"]),
         settings.upstream,
         bound_address(admin) if admin is not None else "off",

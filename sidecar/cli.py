@@ -6,8 +6,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from middleware.speedups import core
 from sidecar.app import run
-from sidecar.config import Settings, load
+from sidecar.config import Settings, load, version
 
 if TYPE_CHECKING:
     from middleware.telemetry import Telemetry
@@ -19,6 +20,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar.probe.cli import main as probe
 
         return probe(args[1:])
+    if "--version" in args:  # and which core: the first thing to ask of an installed wheel
+        print(f"sidestream {version()} ({core()})")
+        return 0
     settings = load(args)
     telemetry = sidecar_telemetry(settings)
     try:

@@ -15,6 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from sidecar.admin_access import AdminToken, token_file
+from sidecar.resume_config import (
+    FileSecret,
+    header_names,
+    password_file,
+    resume_problem,
+    resume_store,
+    secret_file,
+)
 from sidecar.upstream.types import Upstream
 
 ENV_PREFIX = "SIDESTREAM_"
@@ -41,6 +50,7 @@ class Settings:
     certfile: str | None
     keyfile: str | None
     log_level: str
+    admin_token_file: AdminToken | None = None
     upstream_ca: str | None = None
     upstream_insecure: bool = False
     ready_file: str | None = None
@@ -52,6 +62,11 @@ class Settings:
     resume_ttl: float = 600.0
     resume_max_bytes: int = 1024 * 1024
     resume_memory: int = 256 * 1024 * 1024
+    resume_secret_file: FileSecret | None = None
+    resume_credential_headers: tuple[str, ...] = ("authorization", "x-api-key", "cookie")
+    resume_store_password_file: FileSecret | None = None
+    resume_store_ca: str | None = None
+    body_timeout: float | None = 60.0
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -146,13 +161,6 @@ def usage_mode(value: str) -> str:
     return mode
 
 
-def resume_store(value: str) -> str:
-    """`memory`, or a Redis URL: redis://HOST:PORT[/DB] (rediss:// with TLS)."""
-    if value == "memory" or value.startswith(("redis://", "rediss://")):
-        return value
-    raise ValueError(f"expected 'memory' or redis://HOST:PORT[/DB], got {value!r}")
-
-
 def flag_bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -178,6 +186,13 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         "127.0.0.1:9901",
         "admin listener (/livez /readyz /metrics /drain); 'off' runs none",
     ),
+    (
+        "admin-token-file",
+        token_file,
+        None,
+        "a file holding a bearer token that lets callers off loopback use POST /drain and "
+        "the live view (read at start); without it they answer loopback only",
+    ),
     ("upstream-health", health_path, "/health", "upstream path /readyz checks"),
     ("keepalive-interval", seconds_or_off, "15", "idle seconds before an SSE keep-alive comment"),
     ("first-token-timeout", seconds_or_off, "300", "seconds from request to the first token"),
@@ -189,6 +204,13 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         seconds_or_off,
         "10",
         "seconds a client may take to send a request head; past it 408 (slowloris)",
+    ),
+    (
+        "body-timeout",
+        seconds_or_off,
+        "60",
+        "seconds a client may take to send a whole request body, from the end of its head; "
+        "past it 408",
     ),
     ("drain-timeout", positive_seconds, "30", "seconds in-flight streams get on shutdown"),
     ("connect-timeout", positive_seconds, "10", "seconds to connect to the upstream"),
@@ -236,7 +258,12 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ),
     ("probe", flag_bool, "on", "serve GET /sidestream/v1/probe for `sidestream probe` (on/off)"),
     ("resume", flag_bool, "false", "resumable streams: stream ids, Last-Event-ID resume, stop"),
-    ("resume-store", resume_store, "memory", "memory, or redis://HOST:PORT[/DB] (any replica)"),
+    (
+        "resume-store",
+        resume_store,
+        "memory",
+        "memory, or redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... (any replica)",
+    ),
     (
         "resume-grace",
         positive_seconds,
@@ -250,6 +277,31 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         positive_int,
         str(256 * 1024 * 1024),
         "bytes the memory store holds in all (oldest finished streams go)",
+    ),
+    (
+        "resume-secret-file",
+        secret_file,
+        None,
+        "a file holding the secret (16 bytes or more) that keys the credential hash stored "
+        "with each stream; the same on every replica; required with a Redis store",
+    ),
+    (
+        "resume-credential-headers",
+        header_names,
+        "authorization,x-api-key,cookie",
+        "request headers a resume or stop must repeat (this list replaces the default)",
+    ),
+    (
+        "resume-store-password-file",
+        password_file,
+        None,
+        "a file holding the Redis store's password (instead of one in the URL)",
+    ),
+    (
+        "resume-store-ca",
+        ca_file,
+        None,
+        "CA certificates (PEM) to check a rediss:// store with, besides the system's",
     ),
 )
 
@@ -315,6 +367,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             p.error(f"argument {source}: {exc}")
     if (values["certfile"] is None) != (values["keyfile"] is None):
         p.error("argument --certfile/--keyfile: give both or neither")
+    if values["resume"] and (problem := resume_problem(values)) is not None:
+        p.error(problem)
     return Settings(**values)
 
 

@@ -6,12 +6,16 @@ upstream chunk, keep-alives written and the client's address. `GET /streams/even
 the same as SSE, one snapshot every `EVENTS_INTERVAL` seconds, and `GET /` serves the page
 (`live.html`, no CDN, no build step) that shows it as a table.
 
-Bounded: at most `MAX_ENTRIES` entries (`?limit=` chooses fewer), the ones longest without
-a chunk first (the stuck ones), and the total count beside them. A snapshot is a walk over
-the registry's set and a partial sort, on the admin listener's request: nothing here runs
-per chunk, and the facts come off the cycles' own attributes (the guard's core knows
-nothing of this module). Never headers or bodies: the request id (`X-Request-ID`, capped)
-and the model (parsed by telemetry from the body's top level) are the only request fields.
+Who may see it: loopback, or the admin token (`sidecar.admin_access`, checked by `admin`).
+
+Bounded: at most `MAX_WATCHERS` event streams at once (past it 503 + `Retry-After`: each
+one walks the registry every second for up to ten minutes); at most `MAX_ENTRIES` entries
+(`?limit=` chooses fewer), the ones longest without a chunk first (the stuck ones), and the
+total count beside them. A snapshot is a walk over the registry's set and a partial sort,
+on the admin listener's request: nothing here runs per chunk, and the facts come off the
+cycles' own attributes (the guard's core knows nothing of this module). Never headers or
+bodies: the request id (`X-Request-ID`, capped) and the model (parsed by telemetry from the
+body's top level) are the only request fields.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from middleware.cycle import Cycle
 from middleware.registry import StreamRegistry
@@ -35,6 +40,8 @@ from middleware.telemetry import semconv
 MAX_ENTRIES = 100  # the most entries a snapshot lists, whatever `?limit=` asks
 EVENTS_INTERVAL = 1.0  # seconds between snapshots on /streams/events
 EVENTS_LIFETIME = 600.0  # a feed ends after this (EventSource reconnects by itself)
+MAX_WATCHERS = 8  # event streams open at once; past it 503 (a view is for a person or two)
+WATCHERS_RETRY_AFTER = 10  # seconds, in the 503's Retry-After
 FIELD_CAP = 128  # characters kept of the request id, model and path
 PAGE = "live.html"
 
@@ -122,6 +129,7 @@ class StreamsView:
 
     def __init__(self, registry: StreamRegistry) -> None:
         self.registry = registry
+        self.watchers = 0  # event streams open now, at most MAX_WATCHERS
 
     async def streams(self, request: Request) -> Response:
         try:
@@ -137,8 +145,7 @@ class StreamsView:
         except BadLimit as exc:
             error = {"message": str(exc), "code": "bad_limit"}
             return JSONResponse({"error": error}, 400, headers=NO_STORE)
-        headers = {**NO_STORE, "x-accel-buffering": "no"}
-        return StreamingResponse(self._feed(limit), media_type="text/event-stream", headers=headers)
+        return _Watch(self, self._feed(limit))
 
     async def _feed(self, limit: int) -> AsyncIterator[bytes]:
         """A snapshot every EVENTS_INTERVAL until the client leaves (Starlette cancels this
@@ -153,6 +160,32 @@ class StreamsView:
     async def page(self, request: Request) -> Response:
         body = resources.files("sidecar").joinpath(PAGE).read_bytes()
         return Response(body, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+
+class _Watch(StreamingResponse):
+    """The event stream, holding one of the view's MAX_WATCHERS places while it is served:
+    taken and given back around the whole response, so a client that leaves at any point
+    (before the first byte too) gives its place back."""
+
+    def __init__(self, view: StreamsView, feed: AsyncIterator[bytes]) -> None:
+        headers = {**NO_STORE, "x-accel-buffering": "no"}
+        super().__init__(feed, media_type="text/event-stream", headers=headers)
+        self.view = view
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.view.watchers >= MAX_WATCHERS:  # checked and taken with no await between
+            error = {
+                "message": f"{MAX_WATCHERS} clients already follow /streams/events",
+                "code": "too_many_watchers",
+            }
+            headers = {**NO_STORE, "retry-after": str(WATCHERS_RETRY_AFTER)}
+            await JSONResponse({"error": error}, 503, headers=headers)(scope, receive, send)
+            return
+        self.view.watchers += 1
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.view.watchers -= 1
 
 
 NO_STORE = {"cache-control": "no-store"}

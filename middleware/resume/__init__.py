@@ -7,6 +7,11 @@ with `Last-Event-ID: <id>:<n>`, or to `/sidestream/v1/streams/<id>`, is answered
 store by `responder` and never reaches the app. A client's disconnect starts a grace period
 (`producer`) instead of an immediate cancel.
 
+Resume and stop must repeat the first request's credentials (`ids.credential_hash`, keyed
+by `secret`): the replicas sharing a store share the secret, and a replica with another one
+cannot resume or stop their streams. One process's memory store needs no given secret (a
+random one is drawn); any other store does.
+
 With resume off (the default) none of this exists: no edit, no check per chunk.
 """
 
@@ -14,12 +19,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from middleware.relay import then
-from middleware.resume.ids import credential_hash, new_stream_id
+from middleware.resume.ids import (
+    CREDENTIAL_HEADERS,
+    MIN_SECRET_BYTES,
+    credential_hash,
+    new_stream_id,
+)
 from middleware.resume.memory import MemoryStore
 from middleware.resume.producer import Producer
+from middleware.resume.redis_connect import shown
 from middleware.resume.responder import PREFIX, is_stop, serve
 from middleware.resume.spans import current_link
 from middleware.resume.store import Limits, Store
@@ -38,16 +51,33 @@ STREAM_ID = b"sidestream-stream-id"
 SLICE_BYTES = 8 * 1024
 
 
-def make_store(store: str | Store, limits: Limits) -> Store:
+def make_store(
+    store: str | Store, limits: Limits, password: str | None = None, ca: str | None = None
+) -> Store:
+    """The store a URL names; `password` (apart from the URL) and `ca` are Redis's."""
+    if isinstance(store, str) and store.startswith(("redis://", "rediss://", "unix://")):
+        from middleware.resume.redis import RedisStore
+
+        return RedisStore(store, limits, password=password, ca=ca)
+    if password is not None or ca is not None:
+        raise ValueError("resume store: a password and CA certificates are for a Redis URL")
     if not isinstance(store, str):
         return store
     if store == "memory":
         return MemoryStore(limits)
-    if store.startswith(("redis://", "rediss://", "unix://")):
-        from middleware.resume.redis import RedisStore
+    raise ValueError(f"resume store: expected 'memory' or a Redis URL, got {shown(store)!r}")
 
-        return RedisStore(store, limits)
-    raise ValueError(f"resume store: expected 'memory' or redis://HOST:PORT[/DB], got {store!r}")
+
+def credential_key(store: Store, secret: bytes | None) -> bytes:
+    """The key of the credential hash: `secret`, or for one process's memory store a random
+    one (its streams live and die with the process); a store replicas may share needs it."""
+    if secret is not None:
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the resume secret must have {MIN_SECRET_BYTES} bytes at least")
+        return secret
+    if isinstance(store, MemoryStore):
+        return secrets.token_bytes(32)
+    raise ValueError("a shared resume store needs the replicas' shared secret (secret=...)")
 
 
 class Resume:
@@ -63,10 +93,21 @@ class Resume:
         memory: int = 256 * 1024 * 1024,
         keepalive: float | None = 15.0,
         tracer: Any = None,
+        secret: bytes | None = None,
+        credential_headers: Iterable[str | bytes] = CREDENTIAL_HEADERS,
+        store_password: str | None = None,
+        store_ca: str | None = None,
     ) -> None:
+        """`secret` keys the credential hash; `credential_headers` name the request headers a
+        resume or stop must repeat (replacing `Authorization`, `X-Api-Key`, `Cookie`);
+        `store_password` and `store_ca` are a Redis store's, apart from its URL."""
         self.limits = Limits(max_bytes=max_bytes, memory=memory, ttl=ttl, grace=grace)
-        self.store = make_store(store, self.limits)
+        self.store = make_store(store, self.limits, store_password, store_ca)
         self.store.on_stop = self._stop_here
+        self._key = credential_key(self.store, secret)
+        self.credential_headers = tuple(
+            (n.encode("latin-1") if isinstance(n, str) else n).lower() for n in credential_headers
+        )
         self.keepalive = keepalive
         # `middleware.telemetry.resume_spans.ResumeSpans`: each resume request gets a span.
         self.tracer = tracer
@@ -91,7 +132,7 @@ class Resume:
         """An SSE stream starts: name it, stamp it, log it."""
         stream_id = new_stream_id()
         store = self.store
-        credentials = credential_hash(store.key + stream_id.encode(), cycle.scope["headers"])
+        credentials = self.credentials(stream_id, cycle.scope["headers"])
         origin = ""
         for name, value in start["headers"]:
             if name.lower() == b"access-control-allow-origin":
@@ -104,6 +145,10 @@ class Resume:
         cycle.edit = then(cycle.edit, producer.stamper)
         cycle.slice_bytes = SLICE_BYTES
         start["headers"].append((STREAM_ID, stream_id.encode()))
+
+    def credentials(self, stream_id: str, headers: list[tuple[bytes, bytes]]) -> str:
+        """The credential hash of a request's headers for `stream_id` (stored, or compared)."""
+        return credential_hash(self._key, stream_id, headers, self.credential_headers)
 
     async def stop(self, stream_id: str) -> None:
         if not self._stop_here(stream_id):

@@ -1,6 +1,7 @@
 """The memory store: one pod's streams, bounded per stream and in total.
 
-Per stream, past `max_bytes` the oldest events go (a resume from before them gets 410);
+Per stream, past `max_bytes` the oldest events go (a resume from before them gets 410), and
+an event larger than that is `store.LOST` (a reader that comes to it ends with `resume_gap`);
 in total, past `memory` bytes the oldest finished streams are evicted, then the oldest
 events of the stream being appended to. A finished stream stays for `ttl` seconds. Readers
 wait on one future per stream, made only while someone waits: an append with no reader
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from itertools import islice
 
 from middleware.resume.ids import same_credentials
-from middleware.resume.store import Limits, ResumePointGone, StreamNotFound
+from middleware.resume.store import LOST, Limits, ResumeGap, ResumePointGone, StreamNotFound
 
 
 class MemoryLog:
@@ -130,6 +131,12 @@ class MemoryReader:
         if self.cursor + 1 < log.first:
             raise ResumePointGone()
         events = list(islice(log.events, self.cursor + 1 - log.first, None))
+        if LOST in events:  # the events before it, then (next read) the end of this reader
+            events = events[: events.index(LOST)]
+            if not events:
+                raise ResumeGap()
+            self.cursor += len(events)
+            return events, False
         self.cursor += len(events)
         if log.ended and self.cursor + 1 >= log.first + len(log.events):
             if log.tail:

@@ -51,11 +51,12 @@ class Ended:
     passes, not at once; the log it pointed to is dropped from it here so that the events
     are freed when the store lets them go, not when the collector comes round."""
 
-    __slots__ = ("end_seen", "resumes")
+    __slots__ = ("end_seen", "max_bytes", "resumes")
 
     def __init__(self, log: ProducerLog) -> None:
         self.resumes = log.resumes
         self.end_seen = log.end_seen
+        self.max_bytes = log.max_bytes
 
     def append(self, event: bytes) -> None:
         pass
@@ -101,7 +102,7 @@ class Producer:
         self.cycle: Cycle | None = cycle
         self.stream_id = stream_id
         self.log = log
-        self.stamper = Stamper(stream_id, log)
+        self.stamper = Stamper(stream_id, log, log.max_bytes)
         self.grace = grace
         self.live = live  # the hub's producers on this replica, by id
         self.readers = 1  # the original client

@@ -2,10 +2,12 @@
 
 Keys, for a stream `<id>` (prefix `sidestream:resume:`):
 
-- `<id>` — a Redis stream: event n is entry `<n>-1` with field `e`; the end marker is one
-  more entry with field `end` (the outcome). Trimmed by `XTRIM MINID` past `max_bytes`,
-  expired `ttl` seconds after its last write;
-- `<id>:m` — `<credential hash> <replica>`, same expiry;
+- `<id>` — a Redis stream: event n is entry `<n>-1` with field `e` (empty: `store.LOST`, an
+  event too large to store); the end marker is one more entry with field `end` (the
+  outcome). Trimmed by `XTRIM MINID` past `max_bytes`, expired `ttl` seconds after its last
+  write;
+- `<id>:m` — JSON: the credential hash `c` (`ids.credential_hash`), the producing replica
+  `r`, the first response's allowed origin `o`, the generating span `t`; same expiry;
 - `<id>:r` — present while a reader on some replica is attached (refreshed by it), so the
   producing replica's grace period waits for it;
 - `replica:<replica>` — the producing replica's liveness, refreshed every second with a
@@ -33,7 +35,15 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from middleware.resume.ids import same_credentials
-from middleware.resume.store import Limits, ResumePointGone, StoreUnavailable, StreamNotFound
+from middleware.resume.redis_connect import connect, shown
+from middleware.resume.store import (
+    LOST,
+    Limits,
+    ResumeGap,
+    ResumePointGone,
+    StoreUnavailable,
+    StreamNotFound,
+)
 
 logger = logging.getLogger("sidestream")
 
@@ -49,7 +59,6 @@ FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to oth
 # Python while the event loop waits: a backlog written at once (a burst of fast streams)
 # held every other stream's first token for seconds; at this size the loop waits ~10 ms at most.
 BATCH_OPS = 500
-KEY = b"sidestream-resume-v1"  # the credential hash key: the same on every replica
 # Appends go to Redis as one script call per run of them (`_Appends`), not one XADD command
 # each: redis-py packs every argument and reads every reply in Python, which came to most of
 # the store's CPU per token. The events travel end to end in one argument, with one of their
@@ -104,6 +113,10 @@ class RedisLog:
         self.total = 0
         self.resumes = 0
         self.end_seen = False
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.store.limits.max_bytes)
 
     def append(self, event: bytes) -> None:
         self.n += 1
@@ -166,10 +179,16 @@ class RedisReader:
             raise StoreUnavailable() from exc
         events: list[bytes] = []
         for entry_id, fields in reply[0][1]:
-            self.cursor = entry_id.decode()
             if b"end" in fields:
+                self.cursor = entry_id.decode()
                 return events, True
-            events.append(fields[b"e"])
+            event = fields[b"e"]
+            if event == LOST:  # the events before it, then (next read) the end of this reader
+                if not events:
+                    raise ResumeGap()
+                return events, False
+            self.cursor = entry_id.decode()
+            events.append(event)
         return events, False
 
     def close(self) -> None:
@@ -188,15 +207,20 @@ def _upstream_gone() -> bytes:
 class RedisStore:
     """See the module docstring."""
 
-    def __init__(self, url: str, limits: Limits | None = None) -> None:
-        self.url = url
+    def __init__(
+        self,
+        url: str,
+        limits: Limits | None = None,
+        *,
+        password: str | None = None,
+        ca: str | None = None,
+    ) -> None:
+        self.url = shown(url)  # never the password: it is in log lines
         self.limits = limits or Limits()
-        self.key = KEY
         self.on_stop: Callable[[str], object] | None = None
         self.replica = secrets.token_urlsafe(9)
-        self.client: Any = aioredis.from_url(
-            url, socket_connect_timeout=1.0, socket_timeout=BLOCK_MS / 1000 + 4
-        )
+        timeouts = {"socket_connect_timeout": 1.0, "socket_timeout": BLOCK_MS / 1000 + 4}
+        self.client: Any = connect(url, password=password, ca=ca, **timeouts)  # redis_connect
         # Operations not written yet; a deque: a backlog is taken from its head, a batch at a
         # time, and `retract` takes back from its tail.
         self.pending: deque[tuple[str, str, int, bytes]] = deque()
@@ -363,7 +387,9 @@ class RedisStore:
         try:
             await self.client.ping()
         except (aioredis.RedisError, OSError) as exc:
-            logger.warning("resume store: Redis at %s is unreachable now: %s", self.url, exc)
+            if not self.failing:  # one line, until a write succeeds (`failed`, `_flush`)
+                self.failing = True
+                logger.warning("resume store: Redis at %s is unusable now: %s", self.url, exc)
 
     async def aclose(self) -> None:
         for task in self.background:

@@ -19,13 +19,7 @@ import urllib.parse
 from typing import Any, Protocol
 
 from middleware.framing import error_response
-from middleware.resume.ids import (
-    InvalidEventId,
-    credential_hash,
-    parse_after,
-    parse_event_id,
-    valid_stream_id,
-)
+from middleware.resume.ids import InvalidEventId, parse_after, parse_event_id, valid_stream_id
 from middleware.resume.producer import Producer
 from middleware.resume.store import Reader, ResumeError, Store, StoreUnavailable, StreamNotFound
 from middleware.types import Receive, Scope, Send
@@ -48,6 +42,8 @@ class Resume(Protocol):
     tracer: Any
 
     async def stop(self, stream_id: str) -> None: ...
+
+    def credentials(self, stream_id: str, headers: list[tuple[bytes, bytes]]) -> str: ...
 
     def store_failed(self, exc: BaseException) -> None: ...
 
@@ -106,7 +102,7 @@ async def serve(hub: Resume, scope: Scope, receive: Receive, send: Send) -> None
         await json_error(send, exc.status, exc.code, exc.message)
         return
     store = hub.store
-    credentials = credential_hash(store.key + stream_id.encode(), scope["headers"])
+    credentials = hub.credentials(stream_id, scope["headers"])
     try:
         if is_stop(scope):
             await store.check(stream_id, credentials)

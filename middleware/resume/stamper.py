@@ -15,13 +15,27 @@ Rules (SSE, as the WHATWG parser reads it):
 The usual chunk (whole one-line `data:` events at an event boundary, LF only) takes a fast
 path with no per-line loop. `undo()` restores the state from before the last call and takes
 back the events that call handed to the log: `send_nowait`'s server refused the bytes.
+
+An event is held until its blank line to be logged whole, so it is held only up to
+`max_event` bytes (the log's `max_bytes`, `--resume-max-bytes`): past that its bytes still go
+to the reader as they come, unchanged and with their id, but the held part is dropped and the
+log gets `store.LOST` in the event's place. The stream keeps its numbering; a reader resuming
+from before that event ends with a terminal `resume_gap` error event when it comes to it
+(it cannot be given a whole stream, and is never given one with a hole), and a reader
+resuming from it or after it reads on as usual. So one event of any size costs the resume
+side at most `max_event` bytes, where it took the event twice over (its parts, then joined).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Protocol
 
+from middleware.resume.store import LOST
+
 CR, LF = 13, 10
+# The state `undo` goes back to: n, the line flags, the parts list and how long it was.
+_Saved = tuple[int, bool, bool, bool, bool, bool, bool, bool, int, list[bytes], int]
 
 
 class Log(Protocol):
@@ -45,9 +59,12 @@ class Stamper:
         "dropping",
         "fields",
         "fmt",
+        "held",
         "id_field",
         "id_line",
         "log",
+        "lost",
+        "max_event",
         "n",
         "parts",
         "replaced",
@@ -57,8 +74,10 @@ class Stamper:
         "undo_n",
     )
 
-    def __init__(self, stream_id: str, log: Log) -> None:
+    def __init__(self, stream_id: str, log: Log, max_event: int | None = None) -> None:
         self.log = log
+        # The most bytes of one event held to log it whole (None: a log without a bound).
+        self.max_event = sys.maxsize if max_event is None else max_event
         self.suffix = b"\nid: " + stream_id.encode() + b":%d\n\n"  # the fast path's event end
         self.id_field = b"id: " + stream_id.encode() + b":%d"  # an upstream id line's new text
         self.id_line = self.id_field + b"\n"
@@ -73,8 +92,11 @@ class Stamper:
         self.stamped = False  # the current event has its id already
         self.replaced = False  # ... from an upstream id line replaced (n+1 not counted yet)
         self.parts: list[bytes] = []  # the current event's output so far
+        self.held = 0  # ... its bytes
+        self.lost = False  # the current event outgrew `max_event`: its parts are dropped
         self.appended = 0  # events handed to the log by the last call
-        self.saved: tuple[int, bool, bool, bool, bool, bool, bool, int] | None = None
+        # The state before the last call, for `undo` (None after a fast path's call).
+        self.saved: _Saved | None = None
 
     @property
     def events(self) -> int:
@@ -98,7 +120,7 @@ class Stamper:
                 self.saved = None
                 self.appended = 1
                 out: bytes = self.fmt % (body[:-1], n)
-                self.log.append(out)
+                self.log.append(out if len(out) <= self.max_event else LOST)
                 return out
             if (
                 body.endswith(b"\n\n")
@@ -108,17 +130,19 @@ class Stamper:
                 and body.find(b"\n:") < 0
             ):  # whole events, each with a field line first and no id of its own
                 events = body[:-2].split(b"\n\n")
-                suffix, log = self.suffix, self.log
+                suffix, log, most = self.suffix, self.log, self.max_event
                 pieces = []
                 for event in events:
                     n += 1
                     stamped = event + suffix % n
                     pieces.append(stamped)
-                    log.append(stamped)
+                    log.append(stamped if len(stamped) <= most else LOST)
                 self.n = n
                 self.saved = None
                 self.appended = len(events)
                 return b"".join(pieces)
+        # The parts list itself: a call that ends the event or drops its parts starts a new
+        # list, and leaves this one as it was for `undo`.
         parts = self.parts
         self.saved = (
             self.n,
@@ -128,11 +152,14 @@ class Stamper:
             self.fields,
             self.stamped,
             self.replaced,
+            self.lost,
+            self.held,
+            parts,
             len(parts),
         )
         self.appended = 0
         out = self._lines(body)
-        self.boundary = self.at_start and not self.parts and not self.after_cr
+        self._at_boundary()
         return out
 
     def undo(self) -> None:
@@ -141,11 +168,22 @@ class Stamper:
             self.n = self.undo_n
         else:
             self.saved = None
-            n, self.at_start, self.after_cr, self.dropping, self.fields, self.stamped, *rest = saved
-            self.replaced, kept = rest  # type: ignore[assignment]
-            self.n = n
-            del self.parts[kept:]
-            self.boundary = self.at_start and not self.parts and not self.after_cr
+            (
+                self.n,
+                self.at_start,
+                self.after_cr,
+                self.dropping,
+                self.fields,
+                self.stamped,
+                self.replaced,
+                self.lost,
+                self.held,
+                parts,
+                kept,
+            ) = saved
+            del parts[kept:]
+            self.parts = parts
+            self._at_boundary()
         if self.appended:
             self.log.retract(self.appended)
             self.appended = 0
@@ -198,16 +236,24 @@ class Stamper:
             i = end
         return b"".join(out)
 
+    def _at_boundary(self) -> None:
+        self.boundary = self.at_start and not self.parts and not self.lost and not self.after_cr
+
     def _emit(self, out: list[bytes], data: bytes) -> None:
         out.append(data)
+        if self.lost:
+            return
         self.parts.append(data)
+        self.held += len(data)
+        if self.held > self.max_event:  # too large to log whole: drop what is held
+            self.lost = True
+            self.parts, self.held = [], 0
 
     def _end_block(self) -> None:
-        parts = self.parts
         if self.fields:
-            self.log.append(b"".join(parts))
+            self.log.append(LOST if self.lost else b"".join(self.parts))
             self.appended += 1
-        parts.clear()
+        self.parts, self.held, self.lost = [], 0, False
         self.fields = self.stamped = self.replaced = False
 
 

@@ -4,6 +4,10 @@ reader's side (async), and the errors a resume request is answered with.
 A stream's log holds its stamped events in order, then its *tail* (the bytes that end it:
 a terminal error event, or nothing) and its end. A reader attached after event n gets
 events n+1…, then the live ones as they come, then the tail: each exactly once.
+
+An event larger than the log's `max_bytes` is relayed live but never held whole: the log
+gets `LOST` in its place (the stamper's choice, `stamper.Stamper`), and a reader that comes
+to it ends with `ResumeGap` instead of a stream with a hole in it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,19 @@ class ResumePointGone(ResumeError):
     message = "the events after this point are no longer stored"
 
 
+class ResumeGap(ResumeError):
+    """The reader's next event is `LOST`: the stream cannot be resumed past it."""
+
+    status = 410
+    code = "resume_gap"
+    message = "an event after this point was too large to store: the stream cannot be resumed"
+
+
+# What a log holds in place of an event too large to store: no event is empty (each has at
+# least its id line), so an empty entry is never a real one.
+LOST = b""
+
+
 class StoreUnavailable(ResumeError):
     status = 503
     code = "resume_store_unavailable"
@@ -60,6 +77,10 @@ class ProducerLog(Protocol):
     def end(self, tail: bytes, outcome: str) -> None: ...
 
     @property
+    def max_bytes(self) -> int:
+        """The stream's bound: an event larger than this is `LOST`, not stored."""
+
+    @property
     def resumes(self) -> int:
         """Resume requests served for this stream so far."""
 
@@ -84,7 +105,6 @@ class Reader(Protocol):
 
 class Store(Protocol):
     limits: Limits
-    key: bytes  # the credential hash key
     failures: int  # writes and reads that failed (the stream went on)
     on_stop: Callable[[str], object] | None  # a stop asked by another replica (set by the hub)
 

@@ -3,4 +3,6 @@
 `listener` is what the sidecar needs of either; `uvicorn_listener` and `hypercorn_listener`
 build them; every use of a server's private internals sits in `uvicorn_internals` or
 `hypercorn_internals`, each behind a version gate with a fallback to the public path.
+`body_deadline` keeps `--body-timeout` for the servers that keep none (hypercorn, uvicorn's
+public path).
 """

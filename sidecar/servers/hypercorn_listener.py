@@ -13,6 +13,7 @@ import socket
 from typing import Any
 
 from sidecar.config import Settings
+from sidecar.servers.body_deadline import BodyDeadline
 from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers, h2c_idle_timer
 from sidecar.servers.listener import ExitEvent
 
@@ -34,6 +35,9 @@ class HypercornListener(ExitEvent):
     a header block — or sends nothing — is closed `--header-timeout` after it connected or
     after its last request ended (on h2c prior knowledge with the patch in
     `hypercorn_internals.h2c_idle_timer`). The same bound covers the TLS handshake.
+
+    `--body-timeout` is kept by wrapping the app (`body_deadline.BodyDeadline`): hypercorn
+    has no body deadline of its own. Request trailers it drops and bounds itself.
     """
 
     def __init__(self, app: Any, settings: Settings, sock: socket.socket | None = None) -> None:
@@ -93,4 +97,5 @@ class HypercornListener(ExitEvent):
         bound_h2_stream_buffers()
         h2c_idle_timer()
         self.started = True
-        await serve(self.app, self.config, shutdown_trigger=self._exit.wait)
+        app: Any = BodyDeadline(self.app, self.settings.body_timeout)
+        await serve(app, self.config, shutdown_trigger=self._exit.wait, mode="asgi")

@@ -5,9 +5,10 @@ the address in the config is only what uvicorn's messages name.
 
 `use_internals()` asks the gate in `sidecar.servers.uvicorn_internals` once, at start.
 When it says yes, the traffic port runs the sidecar's protocol (request-head deadline and
-size cap, CONNECT 405, the `sidestream.send_nowait` extension) and both servers wait on an
-event instead of polling; when it says no, both run on uvicorn's public path (its own
-`httptools` protocol and main loop) and one log line says what was left out.
+size cap, request-body deadline and trailer cap, CONNECT 405, the `sidestream.send_nowait`
+extension) and both servers wait on an event instead of polling; when it says no, both run
+on uvicorn's public path (its own `httptools` protocol and main loop, the body deadline kept
+by `body_deadline.BodyDeadline`) and one log line says what was left out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import uvicorn
 
 from sidecar.config import Settings
 from sidecar.servers import uvicorn_internals
+from sidecar.servers.body_deadline import BodyDeadline
 from sidecar.servers.uvicorn_internals import (
     EventServer,
     GuardedHttpToolsProtocol,
@@ -38,7 +40,8 @@ def use_internals() -> bool:
     logger.warning(
         "uvicorn %s is not a release sidestream was checked against (%s): the HTTP/1.1 "
         "listener runs on uvicorn's plain httptools protocol, without the send_nowait fast "
-        "path or the request-head deadline and size cap",
+        "path, the request-head deadline and size cap, or the trailer cap (request "
+        "trailers then reach the app as headers)",
         uvicorn.__version__,
         ", ".join(uvicorn_internals.CHECKED),
     )
@@ -46,8 +49,14 @@ def use_internals() -> bool:
 
 
 def traffic_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
-    """The traffic listener's HTTP/1.1 protocol for these settings (behind the gate)."""
-    return protocol_class(settings.header_timeout, settings.max_header_bytes + HEAD_SLACK_BYTES)
+    """The traffic listener's HTTP/1.1 protocol for these settings (behind the gate): a
+    trailer block may be as large as the headers (`--max-header-bytes`)."""
+    return protocol_class(
+        settings.header_timeout,
+        settings.max_header_bytes + HEAD_SLACK_BYTES,
+        settings.body_timeout,
+        settings.max_header_bytes,
+    )
 
 
 def traffic_server(app: Any, settings: Settings, *, internals: bool) -> QuietServer:
@@ -55,7 +64,7 @@ def traffic_server(app: Any, settings: Settings, *, internals: bool) -> QuietSer
     as an ASGI 3 callable without uvicorn's guess: a plain function that returns the
     request's awaitable will do (`StreamGuard.handle`, one coroutine frame less per stream)."""
     config = _config(
-        app,
+        app if internals else BodyDeadline(app, settings.body_timeout),
         settings,
         settings.listen,
         backlog=4096,

@@ -22,6 +22,7 @@ import httpcore
 
 from middleware.errors import UpstreamConnectError
 from sidecar.upstream.errors import UpstreamTimeout
+from sidecar.upstream.h2c import WatchingBackend
 from sidecar.upstream.httpcore_internals import Connection
 from sidecar.upstream.tls import tls_error
 from sidecar.upstream.types import Headers, Response, Upstream
@@ -95,7 +96,9 @@ class HTTP2Pool:
         self.max_streams_per_connection = max_streams_per_connection
         self.connect_timeout = connect_timeout
         self.stream_window = stream_window
-        self._backend = httpcore.AnyIOBackend()
+        # h2c: prior knowledge, so an HTTP/1.1-only upstream is named as such (`h2c`)
+        h2c = upstream.scheme == "h2c"
+        self._backend = WatchingBackend() if h2c else httpcore.AnyIOBackend()
         self._active: dict[Connection, int] = {}
         self._current: Connection | None = None
         self._connect_lock = anyio.Lock()

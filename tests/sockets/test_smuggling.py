@@ -271,6 +271,13 @@ def _encode(framing: str, body: bytes, trailers: list[tuple[bytes, bytes]]) -> b
     body=SMUGGLED,
     trailers=[],
 )
+@example(
+    listener="sidecar-h1",
+    tokens=[],
+    framing="chunked",
+    body=b'{"a":1}',
+    trailers=[(b"Authorization", b"Bearer stolen"), (b"X-Forwarded-For", b"6.6.6.6")],
+)
 @given(
     listener=st.sampled_from(LISTENERS),
     tokens=st.lists(_TOKENS, max_size=4),

@@ -1,8 +1,9 @@
 """llama.cpp's server (llama-cpp-python's `python -m llama_cpp.server`) and the sidecar in
 front of it, as child processes on 127.0.0.1 free ports, with their output in files.
 
-`.ci/run` installs `llama-cpp-python[server]` (built from source); a machine without it
-fails these tests with `require_llama_cpp()`'s message instead of skipping them.
+`make test-deps` installs `llama-cpp-python[server]` (the `llamacpp` extra, built from source);
+a machine without it fails these tests with `require_llama_cpp()`'s message instead of skipping
+them.
 
 Behaviour of llama-cpp-python's server (0.3.x) the tests and the recipe rely on:
 - the port opens only once the model is loaded (`create_app` loads it before uvicorn starts);
@@ -39,17 +40,17 @@ ALIAS = "tiny"
 # The health path the recipe gives: served without the model lock, so a probe neither waits
 # for a running stream nor (with --interrupt_requests on) cuts it short, as /v1/models does.
 HEALTH_PATH = "/openapi.json"
-SERVER_MODULES = ("llama_cpp", "llama_cpp.server", "sse_starlette", "pydantic_settings")
+# The `llamacpp` extra: the server, and what `tests.support.tinymodel` writes its model with.
+SERVER_MODULES = ("llama_cpp", "llama_cpp.server", "sse_starlette", "pydantic_settings", "gguf")
 
 
 def require_llama_cpp() -> None:
-    """Fail (not skip) when llama-cpp-python's server cannot be imported: CI installs it."""
+    """Fail (not skip), in one line, when the `llamacpp` extra is not installed."""
     missing = [m for m in SERVER_MODULES if not _importable(m)]
     if missing:
         pytest.fail(
-            f"llama-cpp-python[server] is not installed ({', '.join(missing)} missing): "
-            "`.ci/run` installs it with the `llamacpp` extra (`.venv/bin/pip install -e "
-            "'.[dev,llamacpp]'`: pip builds llama.cpp from source, minutes the first time)",
+            f"the `llamacpp` extra is not installed ({', '.join(missing)} missing): "
+            "`make test-deps` installs it (pip builds llama.cpp, minutes the first time)",
             pytrace=False,
         )
 

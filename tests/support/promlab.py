@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from middleware.types import Receive, Scope, Send
 from sidecar.emulator import Emulator
 from tests.support.clients import RawResponse, request
 from tests.support.procs import free_port
+from tests.support.tools import tool
 
 SCRAPE_INTERVAL = "1s"
 FAULT_HEADER = b"x-test-fault"
@@ -119,8 +119,7 @@ def write_config(
 @contextlib.asynccontextmanager
 async def prometheus(targets: list[str], rule_files: list[Path]) -> AsyncIterator[Prometheus]:
     """Run `prometheus` scraping `targets` (HOST:PORT) every second; stop it on exit."""
-    binary = shutil.which("prometheus")
-    assert binary, "no prometheus on PATH: `apt-get install prometheus` (.ci/run does)"
+    binary = tool("prometheus")
     with tempfile.TemporaryDirectory(prefix="sidestream-prometheus-") as tmp:
         workdir = Path(tmp)
         config = write_config(workdir, targets, rule_files)

@@ -20,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -53,7 +51,10 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 def write_model(path: Path, seed: int = 0, shape: Shape = Shape()) -> Path:
     """Write the model to `path` (a few MB of F32); the same seed writes the same weights."""
-    import gguf  # imported here: only the llama.cpp tests need it
+    # Imported here: only the llama.cpp tests need them (the `llamacpp` extra brings both),
+    # and a tier that never writes a model must not need them to be collected.
+    import gguf
+    import numpy as np
 
     rng = np.random.default_rng(seed)
     tokens, scores, types = vocabulary()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,7 @@ from sidecar.config import load
 from sidecar.emulator import Stats, make_app
 from tests.support.servers import serve
 from tests.support.sseparse import comments
+from tests.support.tools import tool
 
 TOKENS = 8
 PACE = {"tokens": TOKENS, "ttft_ms": 150, "itl_ms": 120}
@@ -120,8 +120,7 @@ async def test_httpx_sse_sees_ids_and_no_keepalive_events(sidecar: int) -> None:
 
 async def test_curl_no_buffer_prints_tokens_as_they_come(sidecar: int) -> None:
     """`curl -N` through the sidecar prints each event when it arrives, keep-alives included."""
-    curl = shutil.which("curl")
-    assert curl is not None, "curl is required (.ci/run installs it)"
+    curl = tool("curl")
     url = f"http://127.0.0.1:{sidecar}/v1/stream?{urlencode(PACE)}"
     process = await asyncio.create_subprocess_exec(
         curl, "-sS", "-N", url, stdout=asyncio.subprocess.PIPE

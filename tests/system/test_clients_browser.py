@@ -5,7 +5,7 @@ sidecar's stream (the emulator's `GET /v1/stream`, which allows any origin) two 
 `fetch` with a `ReadableStream` reader and `TextDecoder({stream: true})`, and `EventSource`.
 The sidecar runs with `--max-duration 1` so the EventSource's stream is cut mid-way, and
 the browser's reconnect must carry `Last-Event-ID` through the sidecar to the emulator.
-Chromium missing is a failure here, not a skip: `.ci/run` installs it.
+Chromium missing is a failure here, not a skip: `make test-deps` installs it.
 """
 
 from __future__ import annotations

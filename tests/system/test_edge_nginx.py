@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from tests.support.clients import request
 from tests.support.procs import free_port
 from tests.support.servers import serve
 from tests.support.sseparse import comments, parse
+from tests.support.tools import tool
 
 SHIPPED = Path(__file__).parents[2] / "deploy" / "nginx" / "sidestream.conf"
 CHAT = "/v1/chat/completions"
@@ -44,8 +44,7 @@ def render(upstream_port: int, listen_port: int, **directives: str) -> str:
 
 @contextlib.contextmanager
 def nginx(tmp: Path, block: str) -> Iterator[subprocess.Popen[bytes]]:
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(binary).exists(), "nginx is required (.ci/run installs the Debian package)"
+    binary = tool("nginx")
     (tmp / "sidestream.conf").write_text(block)
     temps = "\n".join(
         f"{kind}_temp_path {tmp}/{kind};"

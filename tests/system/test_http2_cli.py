@@ -7,7 +7,6 @@ import asyncio
 import datetime
 import json
 import os
-import shutil
 import signal
 import ssl
 import tempfile
@@ -23,6 +22,7 @@ from tests.support.h2peers import H2Client
 from tests.support.procs import Child
 from tests.support.servers import serve
 from tests.support.sseparse import parse
+from tests.support.tools import tool
 
 
 @pytest.fixture
@@ -49,13 +49,13 @@ async def test_cli_http2_serves_h2c_and_http1_on_one_port(emulator: int) -> None
     """`--http2` serves HTTP/1.1 and h2c (prior knowledge) on one port: curl
     --http2-prior-knowledge and the raw HTTP/1.1 client both stream, and h2load's 200
     requests over 4 connections all succeed."""
-    assert shutil.which("curl") and shutil.which("h2load"), "needs curl and nghttp2-client"
+    curl, h2load = tool("curl"), tool("h2load")
     child = Child(emulator, "--http2", "--keepalive-interval", "off")
     try:
         await child.ready()
         url = f"http://127.0.0.1:{child.port}" + STREAM.format(itl=1, tokens=3)
         code, out = await run(
-            "curl", "-sS", "--http2-prior-knowledge", "-o", "-", "-w", "\n%{http_version}", url
+            curl, "-sS", "--http2-prior-knowledge", "-o", "-", "-w", "\n%{http_version}", url
         )
         assert code == 0 and out.endswith("\n2") and "data: [DONE]" in out
         response = await h1_request(child.port, "GET", STREAM.format(itl=1, tokens=3))
@@ -64,7 +64,7 @@ async def test_cli_http2_serves_h2c_and_http1_on_one_port(emulator: int) -> None
             body += chunk
         response.close()
         assert response.status == 200 and parse(body)[-1][1] == "[DONE]"
-        code, out = await run("h2load", "-n", "200", "-c", "4", "-m", "10", url)
+        code, out = await run(h2load, "-n", "200", "-c", "4", "-m", "10", url)
         assert code == 0 and "200 succeeded, 0 failed, 0 errored" in out, out
     finally:
         child.kill()

@@ -2,7 +2,7 @@
 of the streams in flight appear over the page's SSE feed, a stream that stalls is marked
 stuck within a few seconds, and a finished one leaves. A screenshot is kept under the test's
 output (and in $SIDESTREAM_SCREENSHOT_DIR when set: how docs/img/live-view.png is made).
-Chromium missing is a failure here, not a skip: `.ci/run` installs it."""
+Chromium missing is a failure here, not a skip: `make test-deps` installs it."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ is gibberish; the tokenizer, prefill, sampling, slot and SSE framing are llama.c
 llama-cpp-python's own. Greedy decoding (temperature 0) never picks end-of-sequence with
 this model, so a stream runs to `max_tokens` and ends with `finish_reason` "length".
 
-Without llama-cpp-python installed these tests fail (`require_llama_cpp`): CI installs it.
+Without llama-cpp-python installed these tests fail (`require_llama_cpp`): `make test-deps`
+installs it.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def nearest_rank(values: list[float], q: float) -> float:
 
 
 def test_llama_cpp_python_is_installed() -> None:
-    """llama-cpp-python's server is importable here (CI installs it): the tests below never
-    skip for want of it."""
+    """llama-cpp-python's server is importable here (`make test-deps` installs it): the tests
+    below never skip for want of it."""
     require_llama_cpp()
 
 

@@ -1,5 +1,5 @@
 """The dashboard and the alert rules against a real Prometheus (Debian's `prometheus`, which
-.ci/run installs; missing is a failure, not a skip).
+`make test-deps` installs; missing is a failure, not a skip).
 
 One sidecar process in front of the emulator (plus a 500, a 429 and a flood,
 `promlab.FaultyEmulator`), a Prometheus scraping its admin /metrics every second with the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.support.promlab import (
     prometheus,
 )
 from tests.support.servers import serve
+from tests.support.tools import tool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -71,9 +71,7 @@ class Lab:
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    assert path, "no promtool on PATH: `apt-get install prometheus` (.ci/run does)"
-    return path
+    return tool("promtool")
 
 
 async def run(*argv: str) -> tuple[int, str]:

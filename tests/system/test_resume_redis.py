@@ -15,7 +15,7 @@ import pytest
 from sidecar.emulator import Stats, make_app
 from tests.support.clients import request
 from tests.support.procs import CHAT, Child, chat, free_port
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, store_flags
 from tests.support.servers import serve
 from tests.support.sseparse import parse
 
@@ -29,7 +29,7 @@ async def emulator() -> AsyncIterator[tuple[int, Stats]]:
 
 async def replicas(upstream: int, redis: RedisServer, count: int = 2) -> list[Child]:
     children = [
-        Child(upstream, "--resume", "--resume-store", redis.url, "--resume-grace", "10")
+        Child(upstream, "--resume", *store_flags(redis.url), "--resume-grace", "10")
         for _ in range(count)
     ]
     for child in children:
@@ -138,7 +138,7 @@ async def test_redis_keys_expire_after_the_ttl(
     import redis.asyncio as aioredis
 
     upstream, _ = emulator
-    child = Child(upstream, "--resume", "--resume-store", redis.url, "--resume-ttl", "1")
+    child = Child(upstream, "--resume", *store_flags(redis.url), "--resume-ttl", "1")
     client = aioredis.from_url(redis.url)
     try:
         await child.ready()
@@ -172,7 +172,7 @@ async def test_redis_unreachable_at_start_is_a_warning_not_an_exit(
     flow, named and stamped, and a resume gets 503 resume_store_unavailable."""
     upstream, _ = emulator
     nothing = free_port()
-    child = Child(upstream, "--resume", "--resume-store", f"redis://127.0.0.1:{nothing}/0")
+    child = Child(upstream, "--resume", *store_flags(f"redis://127.0.0.1:{nothing}/0"))
     try:
         await child.ready()
         response = await request(child.port, "POST", CHAT, body=chat(5, 0))
@@ -195,7 +195,7 @@ async def test_a_reader_on_b_keeps_the_stream_alive_past_a_grace(
     """Rule: the grace period counts readers on every replica: with A's client gone and a
     reader attached on B, A goes on generating past `--resume-grace`, to the end."""
     upstream, stats = emulator
-    flags = ("--resume", "--resume-store", redis.url, "--resume-grace", "0.5")
+    flags = ("--resume", *store_flags(redis.url), "--resume-grace", "0.5")
     a, b = Child(upstream, *flags), Child(upstream, *flags)
     try:
         await a.ready()

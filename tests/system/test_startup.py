@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from middleware.speedups import disabled
 from sidecar.emulator import Stats, make_app
 from tests.support.procs import free_port, get
 from tests.support.servers import serve
@@ -167,7 +168,7 @@ async def test_port_0_and_the_ready_file_name_the_bound_ports(
 ) -> None:
     """Port 0 binds a free port; `--ready-file` names every bound address as JSON once all
     listeners are up (admin null when `--admin-listen off`, which runs no admin listener);
-    the start line names them too, with the version."""
+    the start line names them too, with the version and the core that runs."""
     ready = tmp_path / "ready.json"
     process = start(
         [
@@ -199,7 +200,8 @@ async def test_port_0_and_the_ready_file_name_the_bound_ports(
         assert process.stderr is not None
         first = process.stderr.readline().decode()
         version = importlib.metadata.version("sidestream")
-        assert f"sidestream {version} on {listen}" in first
+        core = "pure-Python core: SIDESTREAM_NO_EXTENSIONS=1" if disabled() else "compiled core"
+        assert f"sidestream {version} ({core}) on {listen}" in first
         assert f"(admin {addresses['admin'] or 'off'}," in first
     finally:
         if process.poll() is None:
@@ -209,9 +211,11 @@ async def test_port_0_and_the_ready_file_name_the_bound_ports(
             process.stderr.close()
 
 
-def test_version_prints_the_package_version() -> None:
-    """`sidestream --version` prints the installed package's version and exits 0."""
+def test_version_prints_the_package_version_and_its_core() -> None:
+    """`sidestream --version` prints the installed package's version and which core runs
+    (compiled, or pure Python where SIDESTREAM_NO_EXTENSIONS is set), and exits 0."""
     out = subprocess.run(
         [*SIDECAR, "--version"], capture_output=True, text=True, check=True, env=os.environ
     )
-    assert out.stdout.strip() == f"sidestream {importlib.metadata.version('sidestream')}"
+    core = "pure-Python core: SIDESTREAM_NO_EXTENSIONS=1" if disabled() else "compiled core"
+    assert out.stdout == f"sidestream {importlib.metadata.version('sidestream')} ({core})\n"

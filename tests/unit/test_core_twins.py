@@ -9,7 +9,6 @@ one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`; fo
 
 from __future__ import annotations
 
-import logging
 import os
 from itertools import pairwise
 from types import SimpleNamespace
@@ -71,14 +70,22 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert otlp_encoder._compiled is compiled_otlp
 
 
-def test_a_core_that_is_not_built_is_named_in_one_log_line(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+def test_a_core_that_is_not_built_is_named_where_the_user_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A missing compiled module means the Python core and one log line naming it, no error."""
+    """A missing compiled module means its Python twin, no error, and `core()` (the sidecar's
+    start line, `sidestream --version`) names it; none built says pure Python."""
     monkeypatch.delenv(speedups.DISABLE, raising=False)
-    with caplog.at_level(logging.INFO, "sidestream"):
-        assert speedups.compiled("middleware._no_such_core") is None
-    assert [r.getMessage() for r in caplog.records if "_no_such_core" in r.getMessage()]
+    monkeypatch.setattr(speedups, "_asked", {})
+    assert speedups.compiled("middleware._relaycore") is compiled_relay
+    assert speedups.core() == "compiled core"
+    assert speedups.compiled("middleware._no_such_core") is None
+    assert speedups.core() == "compiled core, pure Python for middleware._no_such_core (not built)"
+    monkeypatch.setattr(speedups, "_asked", {})
+    assert speedups.compiled("middleware._no_such_core") is None
+    assert speedups.core() == "pure-Python core: the compiled one is not built"
+    monkeypatch.setenv(speedups.DISABLE, "1")
+    assert speedups.core() == "pure-Python core: SIDESTREAM_NO_EXTENSIONS=1"
 
 
 def test_the_switch_turns_the_compiled_core_off(monkeypatch: pytest.MonkeyPatch) -> None:

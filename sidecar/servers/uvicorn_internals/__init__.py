@@ -6,18 +6,20 @@ version's major.minor is one checked and every hook overridden here still exists
 says no, `sidecar.servers.uvicorn_listener` serves with the public path instead — uvicorn's
 own `http="httptools"` protocol and main loop — and logs one line at start. A runtime gate,
 not a bound in pyproject, because that public path serves every stream correctly: what it
-loses is the `sidestream.send_nowait` fast path and the request-head limits (`limits`), not
-correctness, and an upper bound would block users from uvicorn's own fixes.
+loses is the `sidestream.send_nowait` fast path, the request-head limits (`limits`) and the
+trailer cap (`body`: uvicorn's own protocol appends request trailers to the headers; the body
+deadline is kept there by `sidecar.servers.body_deadline`), not the streams' correctness, and
+an upper bound would block users from uvicorn's own fixes.
 
 Private names used (only when the gate says yes, except `capture_signals`):
 - `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`: subclassed. Its `__init__` and
   the callbacks run for every connection and request (`connection_made`, `connection_lost`,
   `data_received`, `on_message_begin`, `on_header`, `on_headers_complete`,
-  `on_message_complete`, `on_response_complete`) are written out in `protocol` with the
-  sidecar's additions in line, setting uvicorn's fields for the methods of its that still
-  run (`on_url`, `on_body`, `_start_asgi_task`, `send_400_response`, the upgrade ones,
+  `on_message_complete`, `on_response_complete`; `on_body` in `body`) are written out with
+  the sidecar's additions in line, setting uvicorn's fields for the methods of its that
+  still run (`on_url`, `_start_asgi_task`, `send_400_response`, the upgrade ones,
   `shutdown`, the keep-alive timeout); `_unsupported_upgrade_warning` overridden; `parser`
-  dropped between requests and made again as uvicorn makes it.
+  dropped between requests and made again as uvicorn makes it; `on_chunk_header` added.
 - `RequestResponseCycle`: subclassed (`RequestCycle`): `__init__`, `run_asgi`, `send` and
   `receive` written out (the head by `sidecar.servers.response_head`, uvicorn's rules, and
   held for the first body write), `send_500_response` uvicorn's. Its `flow.write_paused`,
@@ -36,7 +38,8 @@ Private names used (only when the gate says yes, except `capture_signals`):
   `main_loop` and `on_tick` (replaced only behind the gate).
 
 Modules, one concern each: `protocol` (the traffic protocol, `protocol_class`), `limits`
-(its request-head limits), `nowait` (the `sidestream.send_nowait` offer and write), `cycle`
+(its request-head limits), `body` (its request-body deadline and trailer cap), `nowait`
+(the `sidestream.send_nowait` offer and write, emptied when a request is done), `cycle`
 (the per-request cycle), `connection` (what the protocol sets per server and makes per
 connection and per request), `events` (the lighter pipeline, flow and events), `server`
 (the main loop).
@@ -80,6 +83,7 @@ _PROTOCOL_HOOKS = (  # written out here, or called by name
     "on_message_begin",
     "on_header",
     "on_headers_complete",
+    "on_body",
     "on_message_complete",
     "on_response_complete",
     "_unsupported_upgrade_warning",

@@ -10,6 +10,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from sidecar.servers.response_head import response_head
 from sidecar.servers.uvicorn_internals.events import LazyEvent
+from sidecar.servers.uvicorn_internals.nowait import withdraw
 
 
 class RequestCycle(RequestResponseCycle):
@@ -62,7 +63,7 @@ class RequestCycle(RequestResponseCycle):
 
     async def run_asgi(self, app: ASGI3Application) -> None:
         """uvicorn's, with the held head written before each close of a started response
-        (a write after `close()` is dropped)."""
+        (a write after `close()` is dropped), and the request's extension emptied at the end."""
         try:
             result = await app(self.scope, self.receive, self.send)  # type: ignore[func-returns-value]
         except BaseException as exc:
@@ -84,6 +85,7 @@ class RequestCycle(RequestResponseCycle):
                 self._close()
         finally:
             self.on_response = lambda: None
+            withdraw(self.scope)  # what the app left in the request's extension (`nowait`)
 
     def _close(self) -> None:
         self._write_held()

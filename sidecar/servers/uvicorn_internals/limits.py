@@ -37,7 +37,8 @@ _REASONS = {
 }
 
 
-def _answer(status: int, code: str, message: str, extra: bytes = b"") -> bytes:
+def answer(status: int, code: str, message: str, extra: bytes = b"") -> bytes:
+    """A whole response, the JSON error body the proxy's own refusals carry; it closes."""
     error = {"message": message, "type": "invalid_request_error", "code": code}
     body = json.dumps({"error": error}, separators=(",", ":")).encode()
     return (
@@ -55,7 +56,8 @@ class HeadDeadlines:
     seconds long: kept in the order they were set, which is the order they fall due, under
     one loop timer set for the first. Setting one is a dict insert, clearing it a dict pop;
     a cleared deadline leaves the loop timer as it is, which when it fires finds the next one
-    due and is set for it (or for none)."""
+    due and is set for it (or for none). `due` says what a deadline that falls means
+    (`BodyDeadlines`: the same for request bodies)."""
 
     __slots__ = ("loop", "pending", "timeout", "timer")
 
@@ -92,11 +94,29 @@ class HeadDeadlines:
             due.append(waiter)
         for waiter in due:  # the timer is set again first: one connection's failure is its own
             try:
-                waiter._head_timed_out()
+                self.due(waiter)
             except Exception as exc:
                 self.loop.call_exception_handler(
-                    {"message": "a request-head deadline failed", "exception": exc}
+                    {"message": "a request deadline failed", "exception": exc}
                 )
+
+    @staticmethod
+    def due(waiter: HeadWaiter) -> None:
+        waiter._head_timed_out()
+
+
+class BodyWaiter(Protocol):
+    def _body_timed_out(self) -> None: ...
+
+
+class BodyDeadlines(HeadDeadlines):
+    """The request-body deadlines of one listener's connections on one loop (`body`)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def due(waiter: BodyWaiter) -> None:  # type: ignore[override]
+        waiter._body_timed_out()
 
 
 class HeadLimits:
@@ -121,11 +141,11 @@ class HeadLimits:
         self._head_bytes += size
         if self._head_bytes > self.max_head_bytes:
             message = f"request head over {self.max_head_bytes} bytes"
-            self._refuse(_answer(431, "request_header_fields_too_large", message))
+            self._refuse(answer(431, "request_header_fields_too_large", message))
 
     def _refuse_connect(self) -> None:
         allow = b"allow: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS\r\n"
-        self._refuse(_answer(405, "method_not_allowed", "CONNECT is not proxied", allow))
+        self._refuse(answer(405, "method_not_allowed", "CONNECT is not proxied", allow))
 
     def _arm(self) -> None:
         self._disarm()
@@ -149,7 +169,7 @@ class HeadLimits:
         if self._in_head and not self.transport.is_closing():
             if self._began:
                 message = f"request head not complete within {self.header_timeout} s"
-                self._refuse(_answer(408, "request_timeout", message))
+                self._refuse(answer(408, "request_timeout", message))
             else:
                 self._refused = True
                 self.transport.close()

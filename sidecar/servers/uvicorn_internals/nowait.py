@@ -51,6 +51,15 @@ class NowaitOffer:
             if callable(listener):
                 listener()
 
+    def _let_go(self) -> None:
+        """The connection is lost: it lets go of its requests, whose extensions hold it
+        (`abort`). A request pipelined and never started has its extension emptied here, as
+        `withdraw` empties the others' once their app returns."""
+        for queued, _ in self.pipeline:
+            withdraw(queued.scope)
+        self.pipeline.clear()
+        self._told_cycle = self._told_offer = None
+
     def _drop(self) -> None:
         """The extension's `abort`: drop the client now. uvicorn logs an app that returns
         with its response incomplete as an error unless the client is gone: every request
@@ -59,6 +68,16 @@ class NowaitOffer:
             if cycle is not None:
                 cycle.disconnected = True
         self.transport.close()
+
+
+def withdraw(scope: HTTPScope) -> None:
+    """The request's app has returned: its extension drops what it holds. The app put its
+    own functions in it (the guard's `send`, its receiver's `on_disconnect`), which hold the
+    app's objects, which hold the request's cycle, whose scope holds the extension: without
+    this, a request's objects wait for the cyclic collector."""
+    offer = scope.get("extensions", {}).get(SEND_NOWAIT)
+    if offer is not None:
+        offer.clear()
 
 
 def send_nowait(cycle: RequestResponseCycle) -> SendNowait:

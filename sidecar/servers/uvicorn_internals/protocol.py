@@ -1,6 +1,6 @@
 """The traffic listener's HTTP/1.1 protocol: uvicorn's httptools protocol with its
-callbacks written out, the request-head limits (`limits`) and the `send_nowait` offer
-(`nowait`) in line.
+callbacks written out, the request-head limits (`limits`), the request-body limits (`body`)
+and the `send_nowait` offer (`nowait`) in line.
 
 Memory per open connection, which thousands of idle streams multiply: the protocol keeps
 its own fields in slots (uvicorn's instance dict is near CPython's limit for key-sharing
@@ -10,6 +10,12 @@ slots; the two events uvicorn makes per connection and per request, of which mos
 never waited on, make their waiter list at the first wait; and the request parser (with the
 protocol's callbacks it holds) is dropped once a request has been read whole, and made
 again when the client sends more: a stream's client seldom does.
+
+A closed connection's objects go when their last reference does, not at the cyclic
+collector's next full pass (which a busy sidecar may not reach for a long time): the
+connection drops what it holds of its requests when it is lost (a request's scope holds the
+extension, whose `abort` holds the connection), and a request's extension drops its
+functions once its app has returned (`nowait.withdraw`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import is_ssl
 from uvicorn.server import ServerState
 
+from sidecar.servers.uvicorn_internals.body import BodyLimits
 from sidecar.servers.uvicorn_internals.connection import (
     _addresses,
     _request_parser,
@@ -36,13 +43,14 @@ from sidecar.servers.uvicorn_internals.connection import (
 )
 from sidecar.servers.uvicorn_internals.cycle import RequestCycle
 from sidecar.servers.uvicorn_internals.events import Flow, Pipeline
-from sidecar.servers.uvicorn_internals.limits import HeadLimits
 from sidecar.servers.uvicorn_internals.nowait import NowaitOffer
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
+class GuardedHttpToolsProtocol(BodyLimits, HttpToolsProtocol, NowaitOffer):
     """uvicorn's httptools protocol plus a request-head deadline, a head size cap and CONNECT
-    405 (`HeadLimits`), and the `sidestream.send_nowait` extension (`NowaitOffer`).
+    405 (`limits.HeadLimits`), a request-body deadline and a trailer cap (`BodyLimits`, which
+    writes out uvicorn's `on_body`), and the `sidestream.send_nowait` extension
+    (`NowaitOffer`).
 
     Configure by subclassing (see `protocol_class`): uvicorn builds one instance per
     connection with its own keyword arguments.
@@ -58,7 +66,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
     # instance dict, and stay few enough for it to share its keys with every other
     # connection's (see the module docstring).
     __slots__ = (
+        "_bare_chunk",
         "_began",
+        "_body_deadlines",
         "_head_bytes",
         "_head_deadlines",
         "_in_head",
@@ -66,6 +76,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         "_refused",
         "_told_cycle",
         "_told_offer",
+        "_trailer_bytes",
     )
 
     logger = logging.getLogger("uvicorn.error")
@@ -94,11 +105,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         self.headers = None  # type: ignore[assignment]
         self.expect_100_continue = False
         self.cycle = None  # type: ignore[assignment]
-        self._head_deadlines = None
+        self._head_deadlines = self._body_deadlines = None
         self._in_head = True
-        self._head_bytes = 0
-        self._refused = False
-        self._began = False
+        self._head_bytes = self._trailer_bytes = 0
+        self._refused = self._began = self._bare_chunk = False
         self._read_whole = False  # the last request was parsed to its end, nothing after it
         self._told_cycle = self._told_offer = None
 
@@ -115,6 +125,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_deadlines is not None:
             self._disarm()
+        if self._body_deadlines is not None:
+            self._disarm_body()
         self.connections.discard(self)
         if self.logger.level <= TRACE_LOG_LEVEL:
             self._trace("HTTP connection lost")
@@ -126,10 +138,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
             self.flow.resume_writing()
         if exc is None:
             self.transport.close()
-            if self.timeout_keep_alive_task is not None:
-                self._unset_keepalive_if_required()
+        if self.timeout_keep_alive_task is not None:  # uvicorn's only when `exc` is None
+            self._unset_keepalive_if_required()
         self.parser = None  # type: ignore[assignment]
         self._tell_gone()
+        self._let_go()  # of its requests, which hold it (see the module docstring)
+        self.scope = self.headers = self.cycle = None  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -138,10 +152,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
             self._unset_keepalive_if_required()
         if self.parser is None:  # dropped once the last request was read whole
             self.parser = _request_parser(self)
-        was_in_head = self._in_head
+        was_in_head, bare, trailers = self._in_head, self._bare_chunk, self._trailer_bytes
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
+            if self._refused:
+                return  # a limit has answered the request from a callback (`body.StopParsing`)
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
@@ -151,8 +167,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+            return
         if was_in_head and self._in_head and not self._refused:  # all of `data` was head
             self._count_head(len(data))
+        elif bare and self._bare_chunk:  # all of it came after the last chunk: trailers
+            self._trailer_bytes = trailers  # each byte counted once, whatever fields it ended
+            self._count_trailer(len(data))
+        if self._body_deadlines is None and not (
+            self._in_head or self._read_whole or self._refused
+        ):
+            self._arm_body()  # a head is in and its body is not: the body's deadline
         if self._read_whole and self.parser is not None:
             # Between two requests a new parser is as good as this one, and most streams'
             # clients send nothing more: made again when they do.
@@ -162,7 +186,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         self._in_head = True  # a request's first byte: on a kept-alive connection, arm now
         self._head_bytes = 0
         self._began = True
-        self._read_whole = False
+        self._read_whole = self._bare_chunk = False
+        self._trailer_bytes = 0
         if self._head_deadlines is None:
             self._arm()
         self.url = b""
@@ -181,7 +206,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         }
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))  # as read: made uvicorn's all at once, below
+        if self._in_head:
+            self.headers.append((name, value))  # as read: made uvicorn's all at once, below
+        else:  # a trailer field: counted, never one of the request's headers (`body`)
+            self._on_trailer(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = self._began = False
@@ -232,9 +260,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
         self.logger.log(TRACE_LOG_LEVEL, "%s%s", prefix, message)
 
     def on_message_complete(self) -> None:
+        if self._body_deadlines is not None:
+            self._disarm_body()
         # An upgrade's parser stays: it is paused, and what it makes of later bytes is its own.
         upgrade = self.parser.should_upgrade()
         self._read_whole = not upgrade
+        self._bare_chunk = False
         if (upgrade and self._should_upgrade()) or self.cycle.response_complete:
             return
         self.cycle.more_body = False
@@ -262,11 +293,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol, HeadLimits, NowaitOffer):
 
 
 def protocol_class(
-    header_timeout: float | None, max_head_bytes: int
+    header_timeout: float | None,
+    max_head_bytes: int,
+    body_timeout: float | None = BodyLimits.body_timeout,
+    max_trailer_bytes: int = BodyLimits.max_trailer_bytes,
 ) -> type[GuardedHttpToolsProtocol]:
     """A `GuardedHttpToolsProtocol` with these limits, for `uvicorn.Config(http=...)`."""
+    limits = {
+        "header_timeout": header_timeout,
+        "max_head_bytes": max_head_bytes,
+        "body_timeout": body_timeout,
+        "max_trailer_bytes": max_trailer_bytes,
+    }
     return type(
-        "GuardedHttpToolsProtocol",
-        (GuardedHttpToolsProtocol,),
-        {"header_timeout": header_timeout, "max_head_bytes": max_head_bytes, "__slots__": ()},
+        "GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {**limits, "__slots__": ()}
     )

@@ -1,9 +1,9 @@
 """Drive headless Chromium over the DevTools protocol: open a page, wait for `window.result`.
 
-No Playwright and no browser download: Debian's `chromium` (installed by `.ci/run`) with
+No Playwright and no browser download: Debian's `chromium` (installed by `make test-deps`) with
 `--remote-debugging-port=0`, the page target's WebSocket (the `websockets` package that
-uvicorn[standard] brings) and three protocol methods. A missing or broken Chromium raises
-`BrowserUnavailable`; the tests fail on it, they never skip.
+uvicorn[standard] brings) and three protocol methods. A missing Chromium fails the test in one
+line (`tools.tool`), one that does not start raises `BrowserUnavailable`: never a skip.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import contextlib
 import itertools
 import json
 import re
-import shutil
 import tempfile
 from typing import Any
 
 import httpx
 import websockets
+
+from tests.support.tools import tool
 
 FLAGS = (
     "--headless",
@@ -39,10 +40,7 @@ class BrowserUnavailable(RuntimeError):
 
 
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    raise BrowserUnavailable("no chromium on PATH: `apt-get install chromium` (.ci/run does)")
+    return tool("chromium", "chromium-browser", "google-chrome")
 
 
 async def _devtools_port(stderr: asyncio.StreamReader) -> int:
