@@ -28,12 +28,13 @@ _DROP = frozenset(
         b"te",
         b"trailer",
         b"upgrade",
-        b"cache-control",
+        b"cache-control",  # merged: `cache_control`
         b"x-accel-buffering",
     }
 )
 _DROP_DECODED = _DROP | {b"content-encoding"}  # a body the guard decodes goes out plain
 STREAM_HEADERS = ((b"cache-control", b"no-cache, no-transform"), (b"x-accel-buffering", b"no"))
+_NO_BUFFERING = STREAM_HEADERS[1]
 DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate"})
 # A compressed body is inflated in pieces of at most this many bytes, the next one made when
 # the reader took the last (`Inflater`, `relay.Relay._inflate`): what a stream holds for it
@@ -107,12 +108,34 @@ def guarded(
 def stream_headers(
     headers: Sequence[tuple[bytes, bytes]], *, decode: bool, names: list[bytes]
 ) -> list[tuple[bytes, bytes]]:
-    """The response headers of a stream: framing and caching headers replaced. `names`:
-    `lower_names(headers)` (`guarded` hands them on)."""
+    """The response headers of a stream: framing headers dropped, `X-Accel-Buffering: no`,
+    and `Cache-Control` merged, never weakened. `names`: `lower_names(headers)` (`guarded`
+    hands them on)."""
     drop = _DROP_DECODED if decode else _DROP
     kept = list(compress(headers, map(not_, map(drop.__contains__, names))))
-    kept.extend(STREAM_HEADERS)
+    if b"cache-control" not in names:
+        kept.extend(STREAM_HEADERS)  # the app said nothing: no-cache, no-transform
+        return kept
+    kept.append((b"cache-control", cache_control(headers, names)))
+    kept.append(_NO_BUFFERING)
     return kept
+
+
+def cache_control(headers: Sequence[tuple[bytes, bytes]], names: list[bytes]) -> bytes:
+    """The app's Cache-Control directives, every one kept (`no-store`, `private`, `max-age`
+    and the rest: a response the app said no cache may store stays so), in one header, with
+    `no-transform` added where the app did not say it: no hop may recompress or buffer the
+    stream."""
+    directives = [
+        directive.strip()
+        for name, (_, value) in zip(names, headers, strict=True)
+        if name == b"cache-control"
+        for directive in value.split(b",")
+        if directive.strip()
+    ]
+    if not any(d.lower() == b"no-transform" for d in directives):
+        directives.append(b"no-transform")
+    return b", ".join(directives)
 
 
 class Inflater:

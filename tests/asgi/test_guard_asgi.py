@@ -86,7 +86,8 @@ async def test_plain_response_is_byte_identical_with_content_length() -> None:
 
 
 async def test_stream_headers_are_rewritten() -> None:
-    """An SSE response loses Content-Length and hop-by-hop headers, gains no-cache/no-buffering."""
+    """An SSE response loses Content-Length and hop-by-hop headers, gains no-buffering, and
+    keeps the app's Cache-Control directives with no-transform added."""
     headers = SSE_HEADERS + [
         (b"content-length", b"999"),
         (b"cache-control", b"public, max-age=60"),
@@ -97,7 +98,7 @@ async def test_stream_headers_are_rewritten() -> None:
     got = headers_of(sent)
     assert b"content-length" not in got
     assert b"connection" not in got
-    assert got[b"cache-control"] == b"no-cache, no-transform"
+    assert got[b"cache-control"] == b"public, max-age=60, no-transform"
     assert got[b"x-accel-buffering"] == b"no"
     assert got[b"x-request-id"] == b"abc"
     assert parse(body_of(sent)) == [("message", chunk("hi")[6:-2].decode(), "")]
@@ -279,3 +280,26 @@ async def test_forced_usages_reading_is_not_held_while_the_stream_is_open() -> N
     finally:
         usage.prepare = prepare  # type: ignore[assignment]
     assert seen == [True]
+
+
+@pytest.mark.parametrize(
+    "given, sent",
+    [
+        ([], b"no-cache, no-transform"),  # the app said nothing: the guard's default
+        ([b"no-store"], b"no-store, no-transform"),
+        ([b"private"], b"private, no-transform"),
+        ([b"no-cache"], b"no-cache, no-transform"),
+        ([b"no-transform"], b"no-transform"),
+        ([b"private, max-age=0", b"No-Transform"], b"private, max-age=0, No-Transform"),
+        ([b"no-store,  must-revalidate ,"], b"no-store, must-revalidate, no-transform"),
+    ],
+)
+async def test_cache_control_is_merged_never_weakened(given: list[bytes], sent: bytes) -> None:
+    """The app's Cache-Control directives all stay, in one header (`no-store`: a completion
+    the app marked as not to be stored is not made storable by a `no-cache` in its place);
+    the guard adds `no-transform` where it is missing, and `no-cache` only where the app said
+    nothing at all."""
+    headers = SSE_HEADERS + [(b"cache-control", value) for value in given]
+    response = await run(StreamGuard(scripted([(0, chunk("hi"))], headers=headers)))
+    start = response[0]
+    assert [v for n, v in start["headers"] if n == b"cache-control"] == [sent]
