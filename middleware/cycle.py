@@ -105,6 +105,7 @@ class Cycle(Relay):
     __slots__ = (
         "aborted_at",
         "cancelled_task",
+        "ending",
         "error",
         "loop",
         "outcome",
@@ -150,6 +151,7 @@ class Cycle(Relay):
         self.aborted_at: float | None = None  # a stop was decided (disconnect, timeout, drain)
         self.stopped_at: float | None = None  # the app has stopped
         self.resumable: Resumable | None = None  # resume on, an SSE stream
+        self.ending: asyncio.Task[None] | None = None  # the end, written at the deadline
 
     # -- the request ------------------------------------------------------------------------
 
@@ -195,10 +197,12 @@ class Cycle(Relay):
         elif reason is not None:  # what the app raised on its way out (its upstream stopped)
             self.outcome = reason  # follows from the stop, and is not the stream's outcome
             error = None
+        if self.ending is not None:
+            await self.ending  # written already: `fail` below finds the stream DONE
         if error is not None:
             self.outcome = error.outcome
             self.error = error
-            await self._fail(error)
+            await fail(self, error)
         if self.resumable is not None:
             self.resumable.end()
         if self.outcome is SLOW_CLIENT and self.phase is not DONE:
@@ -210,7 +214,7 @@ class Cycle(Relay):
         self.outcome = error.outcome
         self.error = error
         self.stopped_at = monotonic()
-        await self._fail(error)
+        await fail(self, error)
         logger.debug("refused a request: %s", error.code)
 
     def shut_down(self) -> None:
@@ -231,6 +235,12 @@ class Cycle(Relay):
             stop = (_offer(self.scope) or {}).get("stop")
             if stop is not None:
                 stop()  # the app's upstream closed now, not once the cancellation reaches it
+            if isinstance(reason, StreamError) and self.streaming and self.sending_since is None:
+                # A stream's end at the deadline, not once the app unwinds: one blocked in a
+                # worker thread (a prefill it cannot abandon) may take seconds. Its later
+                # writes are dropped (`_send_other`); nothing else writes meanwhile.
+                self.outcome, self.error = reason.outcome, reason  # as the end reports them
+                self.ending = self.loop.create_task(fail(self, reason))
             # One loop turn later, so an app waiting in receive() hears http.disconnect first.
             self.loop.call_soon(self._cancel_app)
 
@@ -245,36 +255,12 @@ class Cycle(Relay):
         if self.keepalive is not None and self.reason is SLOW_CLIENT:
             self.keepalive.cancel()
 
-    async def _fail(self, error: StreamError) -> None:
-        """Before headers: an error response. In a stream: one terminal event, then the end."""
-        if self.phase is START:
-            self.status = error.status
-            retry_after = 1 if error.retryable else None
-            start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
-            await self.downstream(start)
-            await self.downstream(body)
-            return
-        if not self.streaming or self.phase is DONE or self.receiver.client_gone:
-            return  # a plain response already under way: the server closes the connection
-        if self.keepalive is not None:
-            await asyncio.wait((self.keepalive,))
-        dialect = self.dialect or select(self.scope.get("path", ""))
-        data = terminal_event(dialect, error.error_object(), self.line_state, sse=self.sse)
-        if self.edit is not None:  # the end goes through the edit too (resume stores it)
-            data, self.edit = self.edit(data), None
-        self._enter(DONE)
-        try:
-            async with asyncio.timeout(self.settings.timeouts.send_timeout):
-                await self.downstream(
-                    {"type": "http.response.body", "body": data, "more_body": False}
-                )
-        except TimeoutError:
-            self.outcome = Outcome.SLOW_CLIENT
-
     # -- the response side ---------------------------------------------------------------------
 
     async def _send_other(self, message: Message) -> None:
         """Everything but a stream's body chunk: the response start, a plain response."""
+        if self.phase is DONE and self.reason is not None:
+            raise asyncio.CancelledError  # ended at a deadline: what the app sends is dropped
         if message["type"] == "http.response.start" and self.phase is START:
             await self._start(message)
             return
@@ -349,6 +335,32 @@ class Cycle(Relay):
             self._abort(EXPIRED[due]())
             return
         self.timers.arm(self, next_deadline(timeouts, self, now))
+
+
+async def fail(cycle: Cycle, error: StreamError) -> None:
+    """End `cycle` with `error`: before headers an error response, in a stream one terminal
+    event, then the end. Run once the app stopped, or at the deadline itself (`_abort`)."""
+    if cycle.phase is START:
+        cycle.status = error.status
+        retry_after = 1 if error.retryable else None
+        start, body = error_response(error.status, error.json_body(), retry_after=retry_after)
+        await cycle.downstream(start)
+        await cycle.downstream(body)
+        return
+    if not cycle.streaming or cycle.phase is DONE or cycle.receiver.client_gone:
+        return  # a plain response already under way: the server closes the connection
+    if cycle.keepalive is not None:
+        await asyncio.wait((cycle.keepalive,))
+    dialect = cycle.dialect or select(cycle.scope.get("path", ""))
+    data = terminal_event(dialect, error.error_object(), cycle.line_state, sse=cycle.sse)
+    if cycle.edit is not None:  # the end goes through the edit too (resume stores it)
+        data, cycle.edit = cycle.edit(data), None
+    cycle._enter(DONE)
+    try:
+        async with asyncio.timeout(cycle.settings.timeouts.send_timeout):
+            await cycle.downstream({"type": "http.response.body", "body": data, "more_body": False})
+    except TimeoutError:
+        cycle.outcome = Outcome.SLOW_CLIENT
 
 
 def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
