@@ -4,12 +4,14 @@
 `POST /mutate` (AdmissionReview v1 in, AdmissionReview with a JSONPatch out) and
 `GET /livez`. Opt-in by the pod label `sidestream.dev/inject: "true"` (the webhook's
 objectSelector does the filtering; the app never sees other pods), settings by
-`sidestream.dev/*` annotations (see `settings.py`). The decisions are pure functions
-(`settings.parse`, `patch.build`); `app.py` only speaks AdmissionReview.
+`sidestream.dev/*` annotations (see `settings.py`; sizing, secrets by reference and the
+drain budget in their own modules). The decisions are pure functions (`parse_settings`,
+`build_patch`, `declared_patch`); `app.py` only speaks AdmissionReview.
 """
 
 from sidecar.injector.app import InjectorApp, InvalidPolicy
-from sidecar.injector.patch import build_patch, required_grace_period
+from sidecar.injector.drain import required_grace_period
+from sidecar.injector.patch import build_patch
 from sidecar.injector.settings import InvalidAnnotation, Settings, parse_settings
 
 __all__ = [

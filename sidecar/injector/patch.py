@@ -7,15 +7,16 @@ Deliberate choices, do not "fix":
 - The native sidecar is appended after existing init containers: it only has to be up
   before the model container, and init containers before it keep their meaning.
 - App containers that already have a `preStop` keep it (we warn instead): replacing a
-  user's hook could break their shutdown; chaining is theirs to write.
+  user's hook could break their shutdown; holding the container while the sidecar drains
+  is then theirs to write.
 - `terminationGracePeriodSeconds` is raised, never lowered.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from sidecar.injector.drain import model_hold, model_hook, required_grace_period, sidecar_hook
 from sidecar.injector.settings import STATUS_ANNOTATION, Settings
 
 JSON = dict[str, Any]
@@ -25,31 +26,7 @@ PORT_NAME = "sidestream"  # the Service's targetPort: only the sidecar has it
 ADMIN_PORT_NAME = "sidestream-adm"
 TMP_VOLUME = "sidestream-tmp"
 RUN_AS = 10001  # the image's numeric USER, so the kubelet can verify runAsNonRoot
-
-# Shutdown budget, in seconds (the README's five lines):
-ENDPOINT_PROPAGATION = 5  # keep serving while Services and load balancers stop routing here
-DRAIN_MARGIN = 5  # the sidecar's last terminal events and exit after drain-timeout
-MODEL_SHUTDOWN = 10  # the model server's own SIGTERM handling (vLLM --shutdown-timeout)
-
-# Runs in the *app* container (vLLM, TGI and SGLang images ship python3; curl is often
-# absent): wait for endpoint propagation, start the sidecar's drain, then hold the app's
-# SIGTERM back until the sidecar has exited (drain finished) or the budget is spent.
-_DRAIN_SCRIPT = """\
-import time, urllib.request as u
-admin = "http://127.0.0.1:{admin_port}"
-time.sleep({propagation})
-try:
-    u.urlopen(u.Request(admin + "/drain", method="POST"), timeout=2)
-except Exception:
-    pass
-end = time.monotonic() + {wait}
-while time.monotonic() < end:
-    try:
-        u.urlopen(admin + "/livez", timeout=1)
-    except Exception:
-        break
-    time.sleep(1)
-"""
+DONE = ("injected", "by-hand")  # status annotation values: this pod was handled already
 
 
 def escape(key: str) -> str:
@@ -57,19 +34,9 @@ def escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def required_grace_period(drain_timeout: float) -> int:
-    """Seconds the pod needs between deletion and SIGKILL for a clean drain."""
-    return ENDPOINT_PROPAGATION + math.ceil(drain_timeout) + DRAIN_MARGIN + MODEL_SHUTDOWN
-
-
 def already_injected(pod: JSON) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if annotations.get(STATUS_ANNOTATION) == "injected":
-        return True
-    spec = pod.get("spec") or {}
-    names = [c.get("name") for c in (spec.get("containers") or [])]
-    names += [c.get("name") for c in (spec.get("initContainers") or [])]
-    return CONTAINER_NAME in names
+    return annotations.get(STATUS_ANNOTATION) in DONE
 
 
 def conflicts(pod: JSON, settings: Settings) -> list[str]:
@@ -91,22 +58,14 @@ def conflicts(pod: JSON, settings: Settings) -> list[str]:
     return problems
 
 
-def drain_hook(settings: Settings) -> JSON:
-    """The `preStop` handler for app containers: drain the sidecar, then wait for it."""
-    script = _DRAIN_SCRIPT.format(
-        admin_port=settings.admin_port,
-        propagation=ENDPOINT_PROPAGATION,
-        wait=math.ceil(settings.drain_timeout) + DRAIN_MARGIN,
-    )
-    return {"exec": {"command": ["python3", "-c", script]}}
-
-
-def sidecar_container(settings: Settings) -> JSON:
-    """The sidecar container, native (an init container with restartPolicy Always) or classic."""
+def sidecar_container(settings: Settings, workload: str | None = None) -> JSON:
+    """The sidecar container, native (an init container with restartPolicy Always) or classic.
+    `workload` is the service name telemetry reports (see `workload.workload_name`)."""
+    native = settings.mode == "native"
     container: JSON = {
         "name": CONTAINER_NAME,
         "image": settings.image,
-        "env": settings.env(),
+        "env": settings.env(workload),
         "ports": [
             {"name": PORT_NAME, "containerPort": settings.listen_port, "protocol": "TCP"},
             {"name": ADMIN_PORT_NAME, "containerPort": settings.admin_port, "protocol": "TCP"},
@@ -117,10 +76,7 @@ def sidecar_container(settings: Settings) -> JSON:
         "startupProbe": _probe("/livez", period=1, failures=30),
         "livenessProbe": _probe("/livez", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=2),
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "256Mi"},
-        },
+        "resources": settings.resources.spec(),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS,
@@ -130,14 +86,14 @@ def sidecar_container(settings: Settings) -> JSON:
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": TMP_VOLUME, "mountPath": "/tmp"},
+            *(ref.mount() for ref in settings.secrets),
+        ],
+        "lifecycle": {"preStop": sidecar_hook(settings.admin_port, native)},
     }
-    if settings.mode == "native":
+    if native:
         container["restartPolicy"] = "Always"
-    else:
-        # Classic sidecars get SIGTERM together with the app: wait out endpoint
-        # propagation first, as the app's drain hook does, then SIGTERM starts the drain.
-        container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
     return container
 
 
@@ -145,23 +101,12 @@ def tmp_volume() -> JSON:
     return {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}
 
 
-def build_patch(pod: JSON, settings: Settings) -> tuple[list[JSON], list[str]]:
+def build_patch(
+    pod: JSON, settings: Settings, workload: str | None = None
+) -> tuple[list[JSON], list[str]]:
     """The JSONPatch operations that inject the sidecar, and warnings for the user."""
-    ops: list[JSON] = []
-    warnings: list[str] = []
-    metadata = pod.get("metadata") or {}
+    ops = status_ops(pod, "injected")
     spec = pod.get("spec") or {}
-
-    if not metadata.get("annotations"):
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    ops.append(
-        {
-            "op": "add",
-            "path": f"/metadata/annotations/{escape(STATUS_ANNOTATION)}",
-            "value": "injected",
-        }
-    )
-
     if settings.mode == "native":
         if not spec.get("initContainers"):
             ops.append({"op": "add", "path": "/spec/initContainers", "value": []})
@@ -170,29 +115,61 @@ def build_patch(pod: JSON, settings: Settings) -> tuple[list[JSON], list[str]]:
         target = "/spec/containers/-"
     if not spec.get("volumes"):
         ops.append({"op": "add", "path": "/spec/volumes", "value": []})
-    ops.append({"op": "add", "path": "/spec/volumes/-", "value": tmp_volume()})
+    for volume in [tmp_volume(), *(ref.volume() for ref in settings.secrets)]:
+        ops.append({"op": "add", "path": "/spec/volumes/-", "value": volume})
+    hook_ops, warnings = model_hook_ops(
+        spec, settings.drain_timeout, settings.mode == "native", settings.admin_port
+    )
+    ops += hook_ops
+    # Appended after the hooks so container indexes above stay those of the original pod.
+    ops.append({"op": "add", "path": target, "value": sidecar_container(settings, workload)})
+    ops += grace_ops(spec, settings.drain_timeout)
+    return ops, warnings
 
+
+def status_ops(pod: JSON, status: str) -> list[JSON]:
+    ops: list[JSON] = []
+    if not (pod.get("metadata") or {}).get("annotations"):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    path = f"/metadata/annotations/{escape(STATUS_ANNOTATION)}"
+    ops.append({"op": "add", "path": path, "value": status})
+    return ops
+
+
+def model_hook_ops(
+    spec: JSON, drain_timeout: float, native: bool, admin_port: int
+) -> tuple[list[JSON], list[str]]:
+    """A preStop that holds each app container (but ours) while the sidecar drains."""
+    ops: list[JSON] = []
+    warnings: list[str] = []
     for index, container in enumerate(spec.get("containers") or []):
+        if container.get("name") == CONTAINER_NAME:
+            continue
         lifecycle = container.get("lifecycle")
         base = f"/spec/containers/{index}/lifecycle"
+        hook = model_hook(drain_timeout, native)
         if lifecycle and lifecycle.get("preStop"):
+            if lifecycle["preStop"] == hook:
+                continue
             warnings.append(
                 f"container {container.get('name')!r} keeps its own preStop hook; it should "
-                f"POST http://127.0.0.1:{settings.admin_port}/drain so streams finish first"
+                f"keep the container serving for {model_hold(drain_timeout)} s, until the "
+                f"sidecar has drained (POST http://127.0.0.1:{admin_port}/drain starts it)"
             )
         elif lifecycle:
-            ops.append({"op": "add", "path": f"{base}/preStop", "value": drain_hook(settings)})
+            ops.append({"op": "add", "path": f"{base}/preStop", "value": hook})
         else:
-            ops.append({"op": "add", "path": base, "value": {"preStop": drain_hook(settings)}})
-    # Appended after the hooks so container indexes above stay those of the original pod.
-    ops.append({"op": "add", "path": target, "value": sidecar_container(settings)})
-
-    required = required_grace_period(settings.drain_timeout)
-    current = spec.get("terminationGracePeriodSeconds")
-    if current is None or current < required:
-        op = "add" if current is None else "replace"
-        ops.append({"op": op, "path": "/spec/terminationGracePeriodSeconds", "value": required})
+            ops.append({"op": "add", "path": base, "value": {"preStop": hook}})
     return ops, warnings
+
+
+def grace_ops(spec: JSON, drain_timeout: float) -> list[JSON]:
+    required = required_grace_period(drain_timeout)
+    current = spec.get("terminationGracePeriodSeconds")
+    if current is not None and current >= required:
+        return []
+    op = "add" if current is None else "replace"
+    return [{"op": op, "path": "/spec/terminationGracePeriodSeconds", "value": required}]
 
 
 def _probe(path: str, *, period: int, failures: int) -> JSON:

@@ -1,10 +1,12 @@
 """AdmissionReview v1 in, AdmissionReview out: the webhook's decision (pure, no I/O).
 
 A pod is injected only when it is a Pod CREATE, is not injected yet, is not on the host
-network and its annotations parse. A bad annotation never blocks a pod unless the
-operator chose `on_invalid="deny"`: by default the pod is admitted uninjected with a
-`warnings` entry (kubectl prints it) saying why. `dryRun` requests get the same answer:
-the webhook has no side effects to skip (`sideEffects: None`).
+network and its annotations parse. A pod that declares its own `sidestream` container gets
+the drain hooks and grace instead (`declared.py`). A bad annotation never blocks a pod
+unless the operator chose `on_invalid="deny"` (k8s/injector does: a warning on a pod that a
+ReplicaSet creates reaches no one, a denial is the ReplicaSet's FailedCreate event): by
+default the pod is admitted uninjected with a `warnings` entry saying why. `dryRun`
+requests get the same answer: the webhook has no side effects to skip (`sideEffects: None`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import json
 import logging
 from typing import Any, Literal
 
+from sidecar.injector.declared import declared_patch, declared_sidecar
 from sidecar.injector.patch import already_injected, build_patch, conflicts
 from sidecar.injector.settings import DEFAULT_IMAGE, InvalidAnnotation, parse_settings
+from sidecar.injector.workload import workload_name
 
 JSON = dict[str, Any]
 InvalidPolicy = Literal["admit", "deny"]
@@ -64,27 +68,32 @@ def _decide(request: JSON, default_image: str, on_invalid: InvalidPolicy) -> JSO
             ],
         }
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    declared = declared_sidecar(pod)
     try:
-        settings, warnings = parse_settings(annotations, default_image)
-        problems = conflicts(pod, settings)
-        if problems:
-            raise InvalidAnnotation(problems)
+        if declared is not None:
+            ops, warnings = declared_patch(pod, declared)
+            what = "drain hooks for its own sidecar"
+        else:
+            settings, warnings = parse_settings(annotations, default_image)
+            problems = conflicts(pod, settings)
+            if problems:
+                raise InvalidAnnotation(problems)
+            ops, patch_warnings = build_patch(pod, settings, workload_name(pod))
+            warnings += patch_warnings
+            what = f"the sidecar, {settings.mode} mode"
     except InvalidAnnotation as error:
         message = f"sidestream: not injected: {error}"
         log.warning("%s %s", name, message)
         if on_invalid == "deny":
             return {"allowed": False, "status": {"code": 400, "message": message}}
         return {"allowed": True, "warnings": [message]}
-    ops, patch_warnings = build_patch(pod, settings)
-    log.info(
-        "injecting %s (%s mode, dry run: %s)", name, settings.mode, bool(request.get("dryRun"))
-    )
+    log.info("patching %s: %s (dry run: %s)", name, what, bool(request.get("dryRun")))
     response: JSON = {
         "allowed": True,
         "patchType": "JSONPatch",
         "patch": base64.b64encode(json.dumps(ops).encode()).decode("ascii"),
     }
-    warnings = [f"sidestream: {w}" for w in warnings + patch_warnings]
+    warnings = [f"sidestream: {w}" for w in warnings]
     if warnings:
         response["warnings"] = warnings
     return response

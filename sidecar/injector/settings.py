@@ -1,18 +1,32 @@
 """Pod annotations -> the injected sidecar's settings (pure, no I/O).
 
 Every setting is a `sidestream.dev/<name>` annotation and maps onto one of the sidecar's
-`SIDESTREAM_*` (or `OTEL_*`) environment variables. Only `upstream-port` is required.
-Problems are collected, not raised one at a time, so the warning (or denial) the user
-sees names every bad annotation at once. Unknown `sidestream.dev/` keys are a warning,
-not an error: a typo must not block a rollout, but it must not pass silently either.
+`SIDESTREAM_*` (or `OTEL_*`) environment variables, its resources or a Secret it mounts
+(`secrets.py`). Only `upstream-port` is required. Problems are collected, not raised one at
+a time, so the warning (or denial) the user sees names every bad annotation at once. Unknown
+`sidestream.dev/` keys are a warning, not an error: a typo must not block a rollout, but it
+must not pass silently either. docs/kubernetes.md lists every annotation with its default and
+range.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from middleware.resume.redis_connect import shown
+from sidecar.injector.secrets import SECRET_SETTINGS, SecretRef, parse_secret_refs, url_password
+from sidecar.injector.sizing import (
+    Resources,
+    check_streams_fit,
+    memory_bytes,
+    parse_max_streams,
+    parse_resources,
+    store_bound,
+)
+from sidecar.injector.workload import telemetry_env
 
 PREFIX = "sidestream.dev/"
 INJECT_LABEL = PREFIX + "inject"
@@ -33,10 +47,13 @@ _DURATIONS = {
 _PORTS = ("upstream-port", "listen-port", "admin-port")
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _USAGE = ("force", "continuous", "pass")
+_RESOURCES = ("cpu-request", "cpu-limit", "memory-request", "memory-limit")
 KNOWN = frozenset(
     (
         *_DURATIONS,
         *_PORTS,
+        *_RESOURCES,
+        *SECRET_SETTINGS,
         "mode",
         "image",
         "otel-endpoint",
@@ -46,12 +63,18 @@ KNOWN = frozenset(
         "status",
         "resume",
         "resume-store",
+        "resume-memory",
+        "max-streams",
+        "upstream-health",
     )
 )
 _SWITCH = {"on": "on", "true": "on", "off": "off", "false": "off"}
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
+_PATH = re.compile(r"^/[!-~]{0,255}$")  # visible ASCII: it goes on a request line as is
+
+EnvVar = dict[str, Any]
 
 
 class InvalidAnnotation(ValueError):
@@ -77,32 +100,39 @@ class Settings:
     probe: str | None = None  # "on" or "off": SIDESTREAM_PROBE
     resume: bool = False
     resume_store: str | None = None
+    resources: Resources = field(default_factory=Resources)
+    max_streams: int | None = None  # None: the sidecar's default
+    upstream_health: str | None = None  # None: the sidecar's default, /health
+    resume_memory: int | None = None  # bytes; set with the memory store (sizing.store_bound)
+    secrets: tuple[SecretRef, ...] = ()
 
-    def env(self) -> list[dict[str, str]]:
-        """The sidecar container's `env`, in a stable order."""
-        env = [
+    def env(self, workload: str | None = None) -> list[EnvVar]:
+        """The sidecar container's `env`, in a stable order. `workload` names the service in
+        telemetry; None takes the pod's app.kubernetes.io/name label through the downward API."""
+        env: list[EnvVar] = [
             {"name": "SIDESTREAM_LISTEN", "value": f"0.0.0.0:{self.listen_port}"},
             {"name": "SIDESTREAM_UPSTREAM", "value": f"http://127.0.0.1:{self.upstream_port}"},
-            # The kubelet probes the pod IP, so the admin port cannot stay on loopback.
+            # The kubelet probes the pod IP, so the admin port cannot stay on loopback; there
+            # POST /drain and the live view still answer only loopback (the drain hook).
             {"name": "SIDESTREAM_ADMIN_LISTEN", "value": f"0.0.0.0:{self.admin_port}"},
             {"name": "SIDESTREAM_DRAIN_TIMEOUT", "value": _seconds(self.drain_timeout)},
         ]
         for key, value in self.durations:
             env.append({"name": _DURATIONS[key], "value": _seconds(value)})
-        if self.log_level is not None:
-            env.append({"name": "SIDESTREAM_LOG_LEVEL", "value": self.log_level})
-        if self.usage is not None:
-            env.append({"name": "SIDESTREAM_USAGE", "value": self.usage})
-        if self.probe is not None:
-            env.append({"name": "SIDESTREAM_PROBE", "value": self.probe})
-        if self.resume:
-            env.append({"name": "SIDESTREAM_RESUME", "value": "true"})
-        if self.resume_store is not None:
-            env.append({"name": "SIDESTREAM_RESUME_STORE", "value": self.resume_store})
-        if self.otel_endpoint is not None:
-            env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otel_endpoint})
-            env.append({"name": "OTEL_SERVICE_NAME", "value": "sidestream"})
-        return env
+        optional = (
+            ("SIDESTREAM_UPSTREAM_HEALTH", self.upstream_health),
+            ("SIDESTREAM_MAX_STREAMS", self.max_streams),
+            ("SIDESTREAM_LOG_LEVEL", self.log_level),
+            ("SIDESTREAM_USAGE", self.usage),
+            ("SIDESTREAM_PROBE", self.probe),
+            ("SIDESTREAM_RESUME", "true" if self.resume else None),
+            ("SIDESTREAM_RESUME_STORE", self.resume_store),
+            ("SIDESTREAM_RESUME_MEMORY", self.resume_memory),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", self.otel_endpoint),
+        )
+        env += [{"name": name, "value": str(v)} for name, v in optional if v is not None]
+        env += [ref.env() for ref in self.secrets]
+        return env + telemetry_env(workload)
 
 
 def parse_settings(
@@ -160,19 +190,23 @@ def parse_settings(
     probe = ours.get("probe")
     if probe is not None and probe.strip().lower() not in _SWITCH:
         problems.append(f"{PREFIX}probe: {probe!r} is not 'on' or 'off'")
-
     usage = ours.get("usage")
     if usage is not None and usage.strip().lower() not in _USAGE:
         problems.append(f"{PREFIX}usage: {usage!r} is not one of {', '.join(_USAGE)}")
+    health = ours.get("upstream-health")
+    if health is not None and not _PATH.match(health.strip()):
+        problems.append(
+            f"{PREFIX}upstream-health: {health!r} is not a path: '/' and up to 255 visible "
+            "ASCII characters (e.g. /health, /v1/models)"
+        )
 
-    resume = ours.get("resume", "false").strip().lower()
-    if resume not in _TRUE + _FALSE:
-        problems.append(f"{PREFIX}resume: {ours['resume']!r} is not 'true' or 'false'")
-    store = ours.get("resume-store")
-    if store is not None and not (
-        store.strip() == "memory" or store.strip().startswith(("redis://", "rediss://"))
-    ):
-        problems.append(f"{PREFIX}resume-store: {store!r} is not 'memory' or a redis:// URL")
+    resources = parse_resources(ours, PREFIX, problems)
+    streams = ours.get("max-streams")
+    max_streams = None if streams is None else parse_max_streams(streams, PREFIX, problems)
+    secrets = parse_secret_refs(ours, PREFIX, problems)
+    resume, store, resume_memory = _resume(ours, resources, max_streams, secrets, problems)
+    if streams is None or max_streams is not None:
+        check_streams_fit(resources, max_streams, PREFIX, problems)
 
     if problems or upstream is None:
         raise InvalidAnnotation(problems)
@@ -188,10 +222,61 @@ def parse_settings(
         log_level=level.strip().lower() if level is not None else None,
         usage=usage.strip().lower() if usage is not None else None,
         probe=_SWITCH[probe.strip().lower()] if probe is not None else None,
-        resume=resume in _TRUE,
-        resume_store=store.strip() if store is not None else None,
+        resume=resume,
+        resume_store=store,
+        resources=resources,
+        max_streams=max_streams,
+        upstream_health=health.strip() if health is not None else None,
+        resume_memory=resume_memory,
+        secrets=tuple(secrets),
     )
     return settings, warnings
+
+
+def _resume(
+    ours: dict[str, str],
+    resources: Resources,
+    max_streams: int | None,
+    secrets: list[SecretRef],
+    problems: list[str],
+) -> tuple[bool, str | None, int | None]:
+    """resume, resume-store and resume-memory, checked together: (resume, store, bound)."""
+    flag = ours.get("resume", "false").strip().lower()
+    if flag not in _TRUE + _FALSE:
+        problems.append(f"{PREFIX}resume: {ours['resume']!r} is not 'true' or 'false'")
+    resume = flag in _TRUE
+    raw = ours.get("resume-store")
+    store = None if raw is None else raw.strip()
+    redis = store is not None and store.startswith(("redis://", "rediss://"))
+    if store is not None and not (store == "memory" or redis):
+        problems.append(f"{PREFIX}resume-store: {shown(store)!r} is not 'memory' or a redis:// URL")
+    if redis and store is not None and url_password(store):
+        problems.append(
+            f"{PREFIX}resume-store: {shown(store)!r} carries a password, which an annotation "
+            f"shows to anyone who may read the pod: put it in a Secret and name that Secret in "
+            f"{PREFIX}resume-store-password"
+        )
+    names = {ref.setting for ref in secrets}
+    if "resume-store-password" in names and not redis:
+        problems.append(f"{PREFIX}resume-store-password needs a redis:// resume-store")
+    if resume and redis and "resume-secret" not in names:
+        problems.append(
+            f"{PREFIX}resume-secret is required with a Redis resume-store: the Secret holding "
+            "the key every replica sharing the store hashes credentials with (the sidecar "
+            "does not start without it)"
+        )
+    asked: int | None = None
+    if "resume-memory" in ours:
+        asked = memory_bytes(ours["resume-memory"].strip())
+        if asked is None or asked < 1024 * 1024:
+            problems.append(
+                f"{PREFIX}resume-memory: {ours['resume-memory']!r} is not memory of 1Mi or "
+                "more (bytes with a unit: 64Mi)"
+            )
+            return resume, store, None
+    if not resume or redis or store not in (None, "memory"):
+        return resume, store, None
+    return resume, store, store_bound(resources, max_streams, asked, PREFIX, problems)
 
 
 def _is_http_url(value: str) -> bool:

@@ -31,6 +31,7 @@ from sidecar.injector import (
     required_grace_period,
 )
 from sidecar.injector.__main__ import parse_args
+from sidecar.injector.drain import model_hold
 from sidecar.injector.patch import ADMIN_PORT_NAME, CONTAINER_NAME, PORT_NAME
 from sidecar.injector.tls import ReloadingCertificate
 
@@ -99,7 +100,14 @@ def container(pod: JSON, name: str) -> JSON:
 
 
 def env_of(c: JSON) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in c.get("env", [])}
+    """Literal env values (entries read from the downward API or a Secret are left out)."""
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+K8S_ATTRIBUTES = (
+    "k8s.pod.name=$(K8S_POD_NAME),k8s.namespace.name=$(K8S_NAMESPACE_NAME),"
+    "k8s.node.name=$(K8S_NODE_NAME)"
+)
 
 
 def check_pod_rules(pod: JSON) -> None:
@@ -184,6 +192,7 @@ async def test_native_sidecar_shape() -> None:
         "SIDESTREAM_UPSTREAM": "http://127.0.0.1:8000",
         "SIDESTREAM_ADMIN_LISTEN": "0.0.0.0:9901",
         "SIDESTREAM_DRAIN_TIMEOUT": "30",
+        "OTEL_RESOURCE_ATTRIBUTES": K8S_ATTRIBUTES,
     }
     security = sidecar["securityContext"]
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
@@ -239,7 +248,9 @@ async def test_existing_init_containers_hooks_and_grace_are_respected() -> None:
     assert not any(op["path"] == "/spec/terminationGracePeriodSeconds" for op in patch_of(answer))
     vllm = container(pod, "vllm")
     assert set(vllm["lifecycle"]) == {"postStart", "preStop"}
-    assert "127.0.0.1:9901" in vllm["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert vllm["lifecycle"]["preStop"] == {"sleep": {"seconds": model_hold(120)}}
+    drain = container(pod, CONTAINER_NAME)["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert "127.0.0.1:9901/drain" in drain
     agent = container(pod, "metrics-agent")
     assert agent["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "2"]}}
     assert any("metrics-agent" in w and "/drain" in w for w in answer["response"]["warnings"])
@@ -262,8 +273,8 @@ async def test_grace_period_is_raised_to_cover_a_long_drain() -> None:
 
 async def test_classic_mode_maps_every_annotation() -> None:
     """Classic mode: the sidecar is a regular container with a preStop sleep and no
-    restartPolicy; every annotation lands in its env var; the app's hook uses the
-    annotated admin port."""
+    restartPolicy; every annotation lands in its env var; the app's hook is `sleep` in its
+    own image (the kubelet's sleep action does not exist before 1.30)."""
     review = fixture("classic")
     pod = patched_pod(review, await mutate(review))
     assert "initContainers" not in pod["spec"]
@@ -283,13 +294,15 @@ async def test_classic_mode_maps_every_annotation() -> None:
         "SIDESTREAM_LOG_LEVEL": "debug",
         "SIDESTREAM_USAGE": "continuous",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger.observability:4318",
-        "OTEL_SERVICE_NAME": "sidestream",
+        "OTEL_RESOURCE_ATTRIBUTES": K8S_ATTRIBUTES,
     }
     assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {
         PORT_NAME: 8081,
         ADMIN_PORT_NAME: 9902,
     }
-    assert "127.0.0.1:9902" in container(pod, "vllm")["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert container(pod, "vllm")["lifecycle"]["preStop"] == {
+        "exec": {"command": ["sleep", str(model_hold(30))]}
+    }
 
 
 async def test_dry_run_gets_the_same_answer() -> None:
@@ -305,10 +318,10 @@ async def test_dry_run_gets_the_same_answer() -> None:
 # --- what is not injected ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["already-injected", "sidecar-by-hand"])
-async def test_already_injected_pods_get_an_empty_patch(name: str) -> None:
-    """A status annotation or a container named like ours (either list) means: no patch."""
-    answer = await mutate(fixture(name))
+async def test_already_injected_pods_get_an_empty_patch() -> None:
+    """A status annotation means: no patch, no warning (tests/asgi/test_injector_declared.py
+    has the pods that declare their own sidecar)."""
+    answer = await mutate(fixture("already-injected"))
     assert patch_of(answer) == [] and "warnings" not in answer["response"]
 
 

@@ -1,6 +1,6 @@
 """The admin port as another pod sees it: probes and metrics answer, `POST /drain` and the
 live view answer 403 and do nothing, unless the caller has the `--admin-token-file` token;
-loopback (the model container's preStop hook) drains without one.
+loopback (the sidecar's own preStop hook) drains without one.
 
 "Another pod" is a network namespace joined to this one by a veth pair, made by the test
 (`tests/support/otherpod.py`, root and iproute2): a client bound to this machine's address on
@@ -25,7 +25,7 @@ from sidecar.admin import AdminApp, UpstreamHealth
 from sidecar.admin_access import AdminToken
 from sidecar.config import load
 from sidecar.emulator import Stats, make_app
-from sidecar.injector.patch import _DRAIN_SCRIPT
+from sidecar.injector.drain import DRAIN_SCRIPT
 from tests.support.clients import read_response
 from tests.support.otherpod import OtherPod, other_pod
 from tests.support.servers import serve
@@ -257,13 +257,13 @@ async def test_other_pod_cannot_drain_the_sidecar_without_the_token(
 async def test_prestop_hook_drains_over_loopback_without_a_token(
     upstream: int, tmp_path: Path
 ) -> None:
-    """The preStop drain hook k8s/ and the injector give the model container (it shares the
-    pod's network namespace, so it calls from loopback) drains the sidecar whose admin port
-    is on 0.0.0.0 with no token configured: the sidecar exits 0, then the hook returns."""
+    """The preStop drain hook k8s/ and the injector give the native sidecar (it runs in the
+    sidecar's container, so it calls from loopback) drains the sidecar whose admin port is on
+    0.0.0.0 with no token configured: the hook returns 0 and the sidecar exits 0."""
     sidecar = Sidecar(upstream, tmp_path)
     try:
         port = await sidecar.ready()
-        script = _DRAIN_SCRIPT.format(admin_port=port, propagation=0, wait=30)
+        script = DRAIN_SCRIPT.format(admin_port=port, propagation=0)
         hook = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
         code, err = await sidecar.exit(timeout=15)
         assert await asyncio.wait_for(hook.wait(), 15) == 0

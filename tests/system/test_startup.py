@@ -182,7 +182,7 @@ async def test_port_0_and_the_ready_file_name_the_bound_ports(
     )  # fmt: skip
     try:
         addresses = await wait_ready_file(ready, process)
-        assert set(addresses) == {"listen", "admin"}
+        assert set(addresses) == {"listen", "admin", "version", "core", "python"}
         listen = addresses["listen"]
         assert listen is not None and listen.startswith("127.0.0.1:")
         port = int(listen.rpartition(":")[2])

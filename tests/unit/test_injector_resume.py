@@ -10,21 +10,24 @@ from sidecar.injector.settings import InvalidAnnotation, parse_settings
 
 def test_resume_annotations_map_onto_their_env_vars() -> None:
     """Rule: `resume`, `resume-store`, `resume-grace`, `resume-ttl` land in SIDESTREAM_RESUME,
-    SIDESTREAM_RESUME_STORE, SIDESTREAM_RESUME_GRACE and SIDESTREAM_RESUME_TTL."""
+    SIDESTREAM_RESUME_STORE, SIDESTREAM_RESUME_GRACE and SIDESTREAM_RESUME_TTL; a Redis store
+    comes with the Secret its resume secret is read from (SIDESTREAM_RESUME_SECRET_FILE)."""
     settings, warnings = parse_settings(
         {
             "sidestream.dev/upstream-port": "8000",
             "sidestream.dev/resume": "true",
             "sidestream.dev/resume-store": "redis://redis.default:6379/0",
+            "sidestream.dev/resume-secret": "sidestream-resume",
             "sidestream.dev/resume-grace": "45",
             "sidestream.dev/resume-ttl": "900",
         }
     )
-    env = {e["name"]: e["value"] for e in settings.env()}
+    env = {e["name"]: e["value"] for e in settings.env() if "value" in e}
     assert warnings == []
     assert env["SIDESTREAM_RESUME"] == "true"
     assert env["SIDESTREAM_RESUME_STORE"] == "redis://redis.default:6379/0"
     assert env["SIDESTREAM_RESUME_GRACE"] == "45" and env["SIDESTREAM_RESUME_TTL"] == "900"
+    assert env["SIDESTREAM_RESUME_SECRET_FILE"].endswith("/secret")
     off, _ = parse_settings({"sidestream.dev/upstream-port": "8000"})
     assert not any(e["name"].startswith("SIDESTREAM_RESUME") for e in off.env())
 

@@ -19,15 +19,17 @@ from yamllint import linter
 from yamllint.config import YamlLintConfig
 
 from sidecar.injector import Settings, required_grace_period
-from sidecar.injector.patch import ADMIN_PORT_NAME, drain_hook, sidecar_container
+from sidecar.injector.drain import ENDPOINT_PROPAGATION, model_hold, model_hook, sidecar_hook
+from sidecar.injector.patch import ADMIN_PORT_NAME, PORT_NAME, sidecar_container
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).parents[2]
 K8S = ROOT / "k8s"
 K8S_VERSION = "1.33"
 YAML_FILES = sorted(p for p in K8S.rglob("*.yaml"))
-# Not Kubernetes resources: kustomizations, and the plain Prometheus rules file.
-NOT_RESOURCES = {"kustomization.yaml", "sidestream-rules.yaml"}
+# Not Kubernetes resources: kustomizations, the plain Prometheus rules file, and a kustomize
+# transformer's configuration (k8s/injector/follow-namespace).
+NOT_RESOURCES = {"kustomization.yaml", "sidestream-rules.yaml", "replacements.yaml"}
 RESOURCE_FILES = [p for p in YAML_FILES if p.name not in NOT_RESOURCES]
 KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
 # CRDs kubernetes-validate has no schema for: checked by hand below.
@@ -35,6 +37,7 @@ CRDS = {
     ("cert-manager.io/v1", "Issuer"),
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
 }
 
 
@@ -61,7 +64,8 @@ def pod_containers(pod_spec: JSON) -> Iterator[JSON]:
 
 
 def env_of(container: JSON) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """Literal env values (entries read from the downward API or a Secret are left out)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 def validate(doc: JSON) -> None:
@@ -114,9 +118,6 @@ def check_model_deployment(deployment: JSON, docs: list[JSON]) -> None:
     for init in spec.get("initContainers", []):
         if init.get("restartPolicy") != "Always":
             assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(init)
-    if not native:
-        assert sidecar["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
-
     # Probes: startup and liveness on the sidecar's /livez only, readiness on /readyz.
     for probe in ("startupProbe", "livenessProbe"):
         assert sidecar[probe]["httpGet"] == {"path": "/livez", "port": ADMIN_PORT_NAME}
@@ -129,13 +130,19 @@ def check_model_deployment(deployment: JSON, docs: list[JSON]) -> None:
     for probe in ("startupProbe", "livenessProbe"):
         assert f'127.0.0.1:8000{health}"' in model[probe]["exec"]["command"][-1], probe
 
-    # Shutdown: the model's preStop drains the sidecar; grace covers the whole budget.
-    assert model["lifecycle"]["preStop"] == drain_hook(Settings(upstream_port=8000))
+    # Shutdown: the sidecar's own preStop starts its drain (native) or sleeps out endpoint
+    # propagation before its SIGTERM does (classic); the model's preStop holds it serving for
+    # the whole drain, with nothing run in its image but `sleep` in the classic form; grace
+    # covers the whole budget.
+    drain = float(env_of(sidecar)["SIDESTREAM_DRAIN_TIMEOUT"])
+    admin_port = int(env_of(sidecar)["SIDESTREAM_ADMIN_LISTEN"].rpartition(":")[2])
+    assert sidecar["lifecycle"]["preStop"] == sidecar_hook(admin_port, native)
+    assert model["lifecycle"]["preStop"] == model_hook(drain, native)
+    assert model_hold(drain) >= ENDPOINT_PROPAGATION + drain
     shutdown = [a for a in model["args"] if a.startswith("--shutdown-timeout=")]
     if name == "vllm":
         assert shutdown, "vLLM must run with --shutdown-timeout"
     model_shutdown = int(shutdown[0].partition("=")[2]) if shutdown else 0
-    drain = float(env_of(sidecar)["SIDESTREAM_DRAIN_TIMEOUT"])
     grace = spec["terminationGracePeriodSeconds"]
     assert grace >= required_grace_period(drain)
     assert grace >= 5 + drain + 5 + model_shutdown
@@ -162,10 +169,76 @@ def check_model_deployment(deployment: JSON, docs: list[JSON]) -> None:
     pdb = find(docs, "PodDisruptionBudget", name)
     assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
+    check_network_policy(find(docs, "NetworkPolicy", name), deployment)
+
+    # The admin port is on the pod IP for the kubelet, so the preStop drain must reach it
+    # over loopback, the one place POST /drain answers without a token.
+    if native:
+        hook = sidecar["lifecycle"]["preStop"]["exec"]["command"][-1]
+        assert re.findall(r"http://([^:/\"]+):", hook) == ["127.0.0.1"]
+    assert "SIDESTREAM_ADMIN_TOKEN_FILE" not in env_of(sidecar)
+
+    for container in pod_containers(spec):
+        if container is not sidecar:
+            check_model_container(container, spec)
+
+
+def check_model_container(container: JSON, pod_spec: JSON) -> None:
+    """A model container runs as a non-root UID with USER and HOME set, HOME writable: a UID
+    without a passwd entry makes getpass.getuser() raise unless USER is set (torch >= 2.11,
+    vllm-project/vllm#44548); and the restricted Pod Security settings."""
+    name = container["name"]
+    security = container["securityContext"]
+    assert isinstance(security.get("runAsUser"), int) and security["runAsUser"] > 0, name
+    assert security["runAsNonRoot"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}, name
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}, name
+    assert security["readOnlyRootFilesystem"] is True, name
+    env = env_of(container)
+    assert env.get("USER"), f"{name}: USER is not set"
+    home = env.get("HOME", "")
+    assert home.startswith("/"), f"{name}: HOME is not set"
+    writable = {v["name"] for v in pod_spec.get("volumes", []) if "emptyDir" in v}
+    mounts = [
+        m["mountPath"]
+        for m in container.get("volumeMounts", [])
+        if m["name"] in writable and not m.get("readOnly")
+    ]
+    assert any(home == m or home.startswith(m.rstrip("/") + "/") for m in mounts), (
+        f"{name}: HOME {home} is not on a writable emptyDir"
+    )
+
+
+def check_network_policy(policy: JSON, deployment: JSON) -> None:
+    """The pods admit the traffic port from anywhere and the admin port only from the
+    monitoring namespace; nothing else (the kubelet's probes come from the node, which
+    NetworkPolicy always allows)."""
+    spec = policy["spec"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]
+    anyone, monitoring = spec["ingress"]
+    assert "from" not in anyone
+    assert anyone["ports"] == [{"port": PORT_NAME, "protocol": "TCP"}]
+    assert monitoring["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert monitoring["ports"] == [{"port": ADMIN_PORT_NAME, "protocol": "TCP"}]
+    sidecar = next(
+        c
+        for c in pod_containers(deployment["spec"]["template"]["spec"])
+        if c["name"] == "sidestream"
+    )
+    declared = {p["name"] for p in sidecar["ports"]}
+    assert {PORT_NAME, ADMIN_PORT_NAME} <= declared
+
 
 def test_base_deployment_rules() -> None:
-    """The base: native sidecar, probes, shutdown budget, Service targetPort, PDB."""
-    docs = resources("base/deployment.yaml", "base/service.yaml", "base/pdb.yaml")
+    """The base: native sidecar, probes, shutdown budget, Service targetPort, PDB,
+    NetworkPolicy, the preStop drain over loopback."""
+    docs = resources(
+        "base/deployment.yaml", "base/service.yaml", "base/pdb.yaml", "base/networkpolicy.yaml"
+    )
     check_model_deployment(find(docs, "Deployment", "vllm"), docs)
 
 
@@ -209,8 +282,9 @@ def test_hardening(deployment: JSON) -> None:
 
 def test_jaeger_demo_ports_and_otel_env() -> None:
     """Jaeger all-in-one exposes OTLP 4317/4318 and the UI on 16686; the overlay points the
-    sidecar's OTEL_EXPORTER_OTLP_ENDPOINT at its OTLP/HTTP port."""
-    docs = resources("observability/jaeger.yaml")
+    sidecar's OTEL_EXPORTER_OTLP_ENDPOINT at its OTLP/HTTP port and leaves the service name
+    to the base (no second OTEL_SERVICE_NAME)."""
+    docs = resources("overlays/jaeger/jaeger.yaml")
     ports = {p["port"] for p in find(docs, "Service", "jaeger")["spec"]["ports"]}
     assert {4317, 4318, 16686} <= ports
     container_ports = {
@@ -220,11 +294,11 @@ def test_jaeger_demo_ports_and_otel_env() -> None:
         ]
     }
     assert {4317, 4318, 16686} <= container_ports
-    kustomization = yaml.safe_load((K8S / "observability" / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((K8S / "overlays" / "jaeger" / "kustomization.yaml").read_text())
     ops = [op for patch in kustomization["patches"] for op in yaml.safe_load(patch["patch"])]
     env = {op["value"]["name"]: op["value"]["value"] for op in ops if op["op"] == "add"}
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
-    assert {"OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER"} <= env.keys()
+    assert "OTEL_TRACES_SAMPLER" in env and "OTEL_SERVICE_NAME" not in env
 
 
 # --- the injector ------------------------------------------------------------------------------
