@@ -1,7 +1,9 @@
 """The sidecar's settings: command-line flags, each also read from `SIDESTREAM_<NAME>`.
 
 A flag on the command line wins over its environment variable, which wins over the default.
-A bad value, from either, exits with status 2 and one line naming the flag (and the variable).
+A bad value, from either, exits with status 2 and one line naming the flag (and the variable)
+and what it takes (`sidecar.settings_values`); so does a bad `SIDESTREAM_TELEMETRY_SINKS`,
+the one variable read elsewhere (`ENV_ONLY`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +25,28 @@ from sidecar.resume_config import (
     resume_store,
     secret_file,
 )
+from sidecar.settings_values import (
+    ca_file,
+    count_or_off,
+    expecting,
+    flag_bool,
+    health_path,
+    host_port,
+    host_port_or_off,
+    log_level,
+    positive_int,
+    ready_file,
+    seconds,
+    seconds_or_off,
+    telemetry_sinks,
+    usage_mode,
+)
 from sidecar.upstream.types import Upstream
 
 ENV_PREFIX = "SIDESTREAM_"
+# Variables without a flag, read by another part at start: checked here with the flags.
+ENV_ONLY: dict[str, Callable[[str], object]] = {"SIDESTREAM_TELEMETRY_SINKS": telemetry_sinks}
+UPSTREAM = "http://HOST:PORT, https://HOST[:PORT], h2c://HOST:PORT or unix:/PATH"
 
 
 @dataclass(frozen=True)
@@ -69,113 +89,12 @@ class Settings:
     body_timeout: float | None = 60.0
 
 
-def host_port(value: str) -> tuple[str, int]:
-    """HOST:PORT; port 0 asks the system for a free port (the start line and the ready file
-    name the one bound)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-def host_port_or_off(value: str) -> tuple[str, int] | None:
-    if value.strip().lower() == "off":
-        return None
-    return host_port(value)
-
-
-def ca_file(value: str) -> str:
-    """A PEM file of CA certificates, loaded once here so a bad one is a flag error."""
-    try:
-        ssl.create_default_context(cafile=value)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot load CA certificates from {value!r}: {exc}") from None
-    return value
-
-
-def _float(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"expected a number, got {value!r}") from None
-
-
-def _int(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"expected a whole number, got {value!r}") from None
-
-
-def seconds_or_off(value: str) -> float | None:
-    """Seconds > 0; `0`, `off` or `none` turns the timeout off."""
-    if value.strip().lower() in ("0", "off", "none"):
-        return None
-    number = _float(value)
-    if not number > 0 or number == float("inf"):
-        raise ValueError(f"expected seconds > 0 or 'off', got {value!r}")
-    return number
-
-
-def positive_seconds(value: str) -> float:
-    number = _float(value)
-    if not number > 0 or number == float("inf"):
-        raise ValueError(f"expected seconds > 0, got {value!r}")
-    return number
-
-
-def count_or_off(value: str) -> int | None:
-    if value.strip().lower() in ("0", "off", "none"):
-        return None
-    number = _int(value)
-    if number < 0:
-        raise ValueError(f"expected a whole number >= 0, got {value!r}")
-    return number
-
-
-def positive_int(value: str) -> int:
-    number = _int(value)
-    if number <= 0:
-        raise ValueError(f"expected a whole number > 0, got {value!r}")
-    return number
-
-
-def health_path(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError(f"expected a path starting with '/', got {value!r}")
-    return value
-
-
-def log_level(value: str) -> str:
-    level = value.strip().lower()
-    if level not in ("critical", "error", "warning", "info", "debug"):
-        raise ValueError(f"expected one of critical, error, warning, info, debug; got {value!r}")
-    return level
-
-
-def usage_mode(value: str) -> str:
-    mode = value.strip().lower()
-    if mode not in ("force", "pass", "continuous"):
-        raise ValueError(f"expected force, pass or continuous; got {value!r}")
-    return mode
-
-
-def flag_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
 # (flag, parser, default, help). The default is a string, parsed like any other value.
 FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ("listen", host_port, "0.0.0.0:8080", "traffic listener"),
     (
         "upstream",
-        Upstream.parse,
+        expecting(UPSTREAM, Upstream.parse),
         None,
         "the inference server: http://HOST:PORT, https://HOST:PORT (h2 or HTTP/1.1 by ALPN), "
         "h2c://HOST:PORT or unix:/PATH",
@@ -188,7 +107,7 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ),
     (
         "admin-token-file",
-        token_file,
+        expecting("a file holding a token of 16 to 4096 visible ASCII characters", token_file),
         None,
         "a file holding a bearer token that lets callers off loopback use POST /drain and "
         "the live view (read at start); without it they answer loopback only",
@@ -212,8 +131,8 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
         "seconds a client may take to send a whole request body, from the end of its head; "
         "past it 408",
     ),
-    ("drain-timeout", positive_seconds, "30", "seconds in-flight streams get on shutdown"),
-    ("connect-timeout", positive_seconds, "10", "seconds to connect to the upstream"),
+    ("drain-timeout", seconds, "30", "seconds in-flight streams get on shutdown"),
+    ("connect-timeout", seconds, "10", "seconds to connect to the upstream"),
     ("max-streams", count_or_off, "10000", "concurrent requests; past it 503 (0 = no limit)"),
     (
         "max-body",
@@ -245,7 +164,7 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ),
     (
         "ready-file",
-        str,
+        ready_file,
         None,
         "write the bound addresses here as JSON once every listener is up",
     ),
@@ -260,17 +179,17 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ("resume", flag_bool, "false", "resumable streams: stream ids, Last-Event-ID resume, stop"),
     (
         "resume-store",
-        resume_store,
+        expecting("memory, or a redis:// or rediss:// URL", resume_store),
         "memory",
         "memory, or redis://[USER:PASSWORD@]HOST:PORT[/DB] or rediss://... (any replica)",
     ),
     (
         "resume-grace",
-        positive_seconds,
+        seconds,
         "30",
         "seconds generation goes on after the last reader left, before the upstream is cancelled",
     ),
-    ("resume-ttl", positive_seconds, "600", "seconds a finished stream stays resumable"),
+    ("resume-ttl", seconds, "600", "seconds a finished stream stays resumable"),
     ("resume-max-bytes", positive_int, str(1024 * 1024), "bytes stored per stream (oldest go)"),
     (
         "resume-memory",
@@ -280,20 +199,20 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ),
     (
         "resume-secret-file",
-        secret_file,
+        expecting("a file holding a secret of 16 bytes or more", secret_file),
         None,
         "a file holding the secret (16 bytes or more) that keys the credential hash stored "
         "with each stream; the same on every replica; required with a Redis store",
     ),
     (
         "resume-credential-headers",
-        header_names,
+        expecting("header names separated by commas", header_names),
         "authorization,x-api-key,cookie",
         "request headers a resume or stop must repeat (this list replaces the default)",
     ),
     (
         "resume-store-password-file",
-        password_file,
+        expecting("a file holding the Redis password on one line", password_file),
         None,
         "a file holding the Redis store's password (instead of one in the URL)",
     ),
@@ -325,7 +244,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="sidestream",
         description="sidestream sidecar: a streaming-safe reverse proxy for an inference server.",
-        epilog="Timeouts accept 0 or 'off' to disable. OTEL_* variables configure telemetry.",
+        epilog="Timeouts accept 0 or 'off' to disable, but for --drain-timeout and "
+        "--connect-timeout, which must end. OTEL_* variables configure telemetry.",
     )
     p.add_argument("--version", action="version", version=f"sidestream {version()}")
     for flag, _, default, text in FLAGS:
@@ -365,8 +285,14 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             values[key] = parse(raw)
         except ValueError as exc:
             p.error(f"argument {source}: {exc}")
+    for name, check in ENV_ONLY.items():
+        if name in environ:
+            try:
+                check(environ[name])
+            except ValueError as exc:
+                p.error(f"{name}: {exc}")
     if (values["certfile"] is None) != (values["keyfile"] is None):
-        p.error("argument --certfile/--keyfile: give both or neither")
+        p.error("argument --certfile/--keyfile: expected both files (PEM) or neither")
     if values["resume"] and (problem := resume_problem(values)) is not None:
         p.error(problem)
     return Settings(**values)

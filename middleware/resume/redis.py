@@ -17,8 +17,8 @@ Keys, for a stream `<id>` (prefix `sidestream:resume:`):
 Appends are batched: every stream's events of the last `FLUSH_SECONDS` go in one pipelined
 request, one in flight at a time (never a round trip per token), of at most `BATCH_OPS`
 operations (a backlog goes out in several, back to back); a live stream's expiry is
-refreshed at most once a second. The
-store never breaks a live stream: a failed write is counted, logged once, and dropped.
+refreshed at most once a second. The store never breaks a live stream: a failed write is
+counted, logged once, and dropped.
 """
 
 from __future__ import annotations
@@ -149,17 +149,17 @@ class RedisLog:
 class RedisReader:
     """One resume request's cursor: XREAD after the last entry it has."""
 
-    __slots__ = ("cursor", "link", "origin", "refreshed", "replica", "store", "stream_id")
+    __slots__ = ("cursor", "link", "origin", "point", "refreshed", "replica", "store", "stream_id")
 
     def __init__(self, store: RedisStore, stream_id: str, after: int, meta: dict[str, str]) -> None:
         self.origin = meta.get("o", "")
         self.link = meta.get("t", "")
-        replica = meta.get("r", "")
+        self.replica = meta.get("r", "")
         self.store = store
         self.stream_id = stream_id
         self.cursor = f"{after}-1" if after else "0-0"
-        self.replica = replica
         self.refreshed = 0.0
+        self.point = after  # -1 once an entry came; until then XREAD may be past the end
 
     async def read(self, timeout: float | None) -> tuple[list[bytes], bool]:
         client, key = self.store.client, PREFIX + self.stream_id
@@ -169,6 +169,9 @@ class RedisReader:
             if loop.time() - self.refreshed > REFRESH_SECONDS:
                 self.refreshed = loop.time()
                 await client.set(f"{key}:r", b"1", px=READER_MS)
+            last = self.point >= 0 and await client.xrevrange(key, "+", "-", count=1)
+            if last and b"end" in last[0][1] and int(last[0][0].split(b"-")[0]) <= self.point:
+                return [], True  # at or past the last event of a finished stream: its end, now
             reply = await client.xread({key: self.cursor}, block=max(block, 1))
             if not reply:
                 if not await client.exists(f"{PREFIX}replica:{self.replica}"):
@@ -177,6 +180,7 @@ class RedisReader:
         except aioredis.RedisError as exc:
             self.store.failed(exc)
             raise StoreUnavailable() from exc
+        self.point = -1  # the end entry now lies after the cursor: XREAD returns it
         events: list[bytes] = []
         for entry_id, fields in reply[0][1]:
             if b"end" in fields:
@@ -221,8 +225,7 @@ class RedisStore:
         self.replica = secrets.token_urlsafe(9)
         timeouts = {"socket_connect_timeout": 1.0, "socket_timeout": BLOCK_MS / 1000 + 4}
         self.client: Any = connect(url, password=password, ca=ca, **timeouts)  # redis_connect
-        # Operations not written yet; a deque: a backlog is taken from its head, a batch at a
-        # time, and `retract` takes back from its tail.
+        # Operations not written yet: a batch is taken from the head, `retract` from the tail.
         self.pending: deque[tuple[str, str, int, bytes]] = deque()
         self.pending_bytes = 0
         self.flushing: asyncio.Task[None] | None = None

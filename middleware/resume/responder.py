@@ -1,7 +1,9 @@
 """Resume and stop requests, answered from the store and never forwarded upstream.
 
 - any request with `Last-Event-ID: <id>:<n>`, and `GET /sidestream/v1/streams/<id>?after=<n>`
-  (`Last-Event-ID` wins): 200 `text/event-stream`, events n+1…, the live ones, the end;
+  (`Last-Event-ID` wins): 200 `text/event-stream`, events n+1…, the live ones, the end. A
+  point at or past a finished stream's last event gets 200 and the end at once, no event; one
+  past a running stream's last event waits for it (or for the stream's end), on every store;
 - `DELETE /sidestream/v1/streams/<id>`: 204, the producing replica cancels the upstream and
   every reader ends with a terminal `cancelled` event.
 
