@@ -45,7 +45,10 @@ from sidecar.upstream.types import Upstream
 
 ENV_PREFIX = "SIDESTREAM_"
 # Variables without a flag, read by another part at start: checked here with the flags.
-ENV_ONLY: dict[str, Callable[[str], object]] = {"SIDESTREAM_TELEMETRY_SINKS": telemetry_sinks}
+ENV_ONLY: dict[str, Callable[[str], object]] = {
+    "SIDESTREAM_TELEMETRY_SINKS": telemetry_sinks,
+    "SIDESTREAM_TELEMETRY_ACCESS_ALL": flag_bool,
+}
 UPSTREAM = "http://HOST:PORT, https://HOST[:PORT], h2c://HOST:PORT or unix:/PATH"
 
 

@@ -4,7 +4,9 @@ A dialect is chosen by request path (`select`), else by the shape of the first e
 (`sniff`). Dialects are stateless singletons; all per-stream state is in `StreamStats`.
 One module per family of formats: `openai` (chat completions, completions, Responses; it
 learns a chat stream's token chunk, `middleware.frame`), `anthropic`, `tgi`; `base` holds
-`StreamStats`, the JSON helpers and `Dialect`, the generic fallback the others refine.
+`StreamStats`, the JSON helpers, `Dialect`, the generic fallback the others refine, and
+`read_response`, what a whole JSON response (a call that did not stream) says. The paths
+`select` knows are also what makes a `POST` a GenAI call (`middleware.telemetry.kinds`).
 
 Hot path: `is_token` and `observe` decide with precompiled regexes and substring checks on
 `event.data` and call `json.loads` only for the few events that carry something rare (the
@@ -29,12 +31,12 @@ from __future__ import annotations
 import functools
 
 from middleware.dialects.anthropic import ANTHROPIC_EVENTS, Anthropic
-from middleware.dialects.base import Dialect, StreamStats, _type, json_object
+from middleware.dialects.base import Dialect, StreamStats, _type, json_object, read_response
 from middleware.dialects.openai import OpenAIChat, OpenAICompletions, OpenAIResponses
 from middleware.dialects.tgi import TGI, TGI_TOKEN
 from middleware.sse import Event
 
-__all__ = ["Dialect", "StreamStats", "json_object", "select", "sniff"]
+__all__ = ["Dialect", "StreamStats", "json_object", "read_response", "select", "sniff"]
 
 GENERIC = Dialect()
 OPENAI_CHAT = OpenAIChat()

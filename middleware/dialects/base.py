@@ -114,6 +114,28 @@ def _identify(obj: dict[str, Any], stats: StreamStats) -> None:
         stats.response_model = _str(obj, "model")
 
 
+def read_response(obj: dict[str, Any], stats: StreamStats) -> None:
+    """Take what a whole JSON response holds (a call that did not stream), or a part of one
+    (`{"usage": {...}}`), into `stats`: id and model, usage in either shape (OpenAI chat and
+    completions: `prompt_tokens`, `completion_tokens`; Anthropic Messages and OpenAI
+    Responses: `input_tokens`, `output_tokens`), and the finish reasons (OpenAI's
+    `choices[].finish_reason`, Anthropic's `stop_reason`). Never raises."""
+    _identify(obj, stats)
+    usage = _dict(obj, "usage")
+    if "prompt_tokens" in usage or "completion_tokens" in usage:
+        _usage(stats, obj, "prompt_tokens", "completion_tokens")
+    elif usage:
+        _usage(stats, obj, "input_tokens", "output_tokens")
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        reason = _str(choice, "finish_reason") if isinstance(choice, dict) else None
+        if reason is not None:
+            stats.finish_reasons.append(reason)
+    reason = _str(obj, "stop_reason")
+    if reason is not None:
+        stats.finish_reasons.append(reason)
+
+
 def _sse(data: dict[str, Any], event: str | None = None) -> bytes:
     """One complete SSE event; json.dumps escapes newlines, so `data` is one line."""
     line = "data: " + json.dumps(data, separators=(",", ":")) + "\n\n"

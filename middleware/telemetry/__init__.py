@@ -3,9 +3,11 @@
 Off unless a `Telemetry` is handed to `StreamGuard(..., telemetry=...)`. The guard core never
 imports this package: a `Telemetry` supplies the cycle class the guard runs each request with
 (`observed.ObservedCycle`), and that subclass is the one seam between the two. The modules:
-`pipeline` (the process-wide providers and instruments, `from_env`), `observed` (the telemetry-aware cycle),
-`record` (one request's state), `finish` (its end: a `summary.Summary` handed to the `sinks`:
-`span`, `metrics`, `access`), `gaps`, `metrics`, `prometheus`, `access_log`, `content`,
+`pipeline` (the process-wide providers and instruments, `from_env`), `observed` (the
+telemetry-aware cycle), `record` (one request's state), `answer` (a response that is not a
+stream, as it passes: a GenAI call's usage), `kinds` (what a request was: a stream, a GenAI
+call, other traffic), `finish` (its end: a `summary.Summary` handed to the `sinks`: `span`,
+`metrics`, `access`), `gaps`, `metrics`, `prometheus`, `access_log`, `content`,
 `semconv` (every attribute and metric name), `direct`, `otlp_encoder` and `otlp` (the span
 fast path), `otel_sdk` (every use of OpenTelemetry's private internals, version-gated).
 """

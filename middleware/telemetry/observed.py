@@ -27,11 +27,13 @@ from opentelemetry import trace
 from middleware.cycle import Cycle, Settings
 from middleware.dialects import StreamStats, sniff
 from middleware.errors import StreamError
+from middleware.phases import PLAIN, START
 from middleware.sse import LineState, advance
+from middleware.telemetry.answer import Answer
 from middleware.telemetry.finish import finish
 from middleware.telemetry.gaps import TIMES_KEPT
 from middleware.telemetry.record import StreamRecord
-from middleware.types import Receive, Scope, Send
+from middleware.types import Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from middleware.telemetry.pipeline import Pipeline
@@ -44,7 +46,7 @@ class ObservedCycle(Cycle):
 
     telemetry: ClassVar[Pipeline]  # set on the subclass `Telemetry.cycle_class` makes
 
-    __slots__ = ("record", "stats", "times_counted")
+    __slots__ = ("answer", "record", "stats", "times_counted")
 
     times_kept = TIMES_KEPT  # the core's token path folds `times` where `Gaps.add` would
 
@@ -60,6 +62,7 @@ class ObservedCycle(Cycle):
         # The times in `times` not added by the token path (by `_heard`, whose tokens are in
         # `stats` already, or counted by `stream_stats`): the rest are the token path's.
         self.times_counted = 0
+        self.answer: Answer | None = None  # a response that is not a stream, as it passes
 
     # `run` and `refuse` hand back `_observed`'s coroutine rather than awaiting it in one of
     # their own: one coroutine frame less for every open stream to hold.
@@ -89,6 +92,23 @@ class ObservedCycle(Cycle):
                 finish(record, self, failure)
             except Exception:
                 logging.getLogger("sidestream").exception("telemetry failed for a request")
+
+    async def _send_other(self, message: Message) -> None:
+        """A response that is not a stream is watched as it passes (`answer.Answer`): its
+        size, whether it is JSON, and a GenAI call's usage. A stream's start passes as it is."""
+        answer = self.answer
+        if answer is None:
+            starting = message["type"] == "http.response.start" and self.phase is START
+            headers = message.get("headers", ())
+            if starting and not isinstance(headers, list | tuple):  # read twice: here too
+                message = {**message, "headers": list(headers)}
+            await super()._send_other(message)
+            if starting and self.phase is PLAIN:
+                self.answer = Answer(message.get("headers", ()), read=self.record.call)
+            return
+        await super()._send_other(message)
+        if message["type"] == "http.response.body":
+            answer.took(message.get("body", b""))
 
     def _start_sse(self) -> None:
         super()._start_sse()

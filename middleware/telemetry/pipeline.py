@@ -26,9 +26,11 @@ Deliberate choices (do not "fix" these):
   access line. `sinks=` (or `SIDESTREAM_TELEMETRY_SINKS=span,metrics,access`, `none` for
   none; unset, all three) chooses them; Prometheus text keeps the active-streams gauge
   whatever is chosen.
-- Non-streaming requests get a span too (HTTP attributes, plus GenAI request attributes on
-  GenAI paths); metrics and the log line are for streams and GenAI paths only, so health
-  probes and model listings do not count as streams.
+- Each request is classified once, at its end (`kinds`): a stream, a GenAI call that did not
+  stream, or other traffic. Every request gets a span; GenAI metrics and names are for
+  streams and calls; `sidestream.streams` and the active-streams gauge count streams alone;
+  other traffic (a CORS preflight, a model listing) gets an access line only with
+  `access_all` (`SIDESTREAM_TELEMETRY_ACCESS_ALL`).
 """
 
 from __future__ import annotations
@@ -60,12 +62,14 @@ from middleware.telemetry import otel_sdk, semconv
 from middleware.telemetry.access_log import configure_access_log
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
+from middleware.telemetry.kinds import streams_in
 from middleware.telemetry.metrics import LocalCounter, LocalHistogram, WithLocal
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
-from middleware.telemetry.sinks import SINKS, chosen_sinks, parse_sinks
+from middleware.telemetry.sinks import ACCESS_ALL, SINKS, chosen_sinks, parse_sinks, parse_switch
 from middleware.telemetry.sinks.access import AccessSink
 from middleware.telemetry.sinks.metrics import MetricsSink
 from middleware.telemetry.sinks.span import SpanSink
+from middleware.usage_hide import LEFT_UNCHANGED
 
 if TYPE_CHECKING:
     from middleware.telemetry.summary import Summary
@@ -81,6 +85,10 @@ __all__ = [
 logger = logging.getLogger("sidestream")
 
 
+def _observe_usage_unchanged(options: CallbackOptions) -> Iterable[Observation]:
+    yield Observation(LEFT_UNCHANGED.value)
+
+
 class Pipeline:
     """Process-wide telemetry: providers, instruments, the access logger, the chunk histogram.
 
@@ -93,7 +101,8 @@ class Pipeline:
     `metric_exporters` are exported periodically with the chunk histogram added. `sinks`
     names the outputs of a stream's end in use (`sinks.SINKS`: span, metrics, access).
     `semconv_opt_in` is OTEL_SEMCONV_STABILITY_OPT_IN's value (read from the environment when
-    None), which spells some GenAI names (`semconv.genai_names`).
+    None), which spells some GenAI names (`semconv.genai_names`). `access_all`: an access line
+    for every request, not only for streams and GenAI calls (`kinds`).
     """
 
     def __init__(
@@ -113,8 +122,10 @@ class Pipeline:
         propagator: TextMapPropagator | None = None,
         sinks: Collection[str] = SINKS,
         semconv_opt_in: str | None = None,
+        access_all: bool = False,
     ) -> None:
         self.sink_names = chosen_sinks(sinks)
+        self.access_all = access_all
         if semconv_opt_in is None:
             semconv_opt_in = os.environ.get(semconv.SEMCONV_OPT_IN, "")
         # Read once, here: the GenAI names every stream is reported under.
@@ -205,7 +216,13 @@ class Pipeline:
             semconv.METRIC_ACTIVE_STREAMS,
             callbacks=[self._observe_active],
             unit="{stream}",
-            description="Requests in flight through the guard.",
+            description="Streams in flight through the guard.",
+        )
+        meter.create_observable_counter(
+            semconv.METRIC_USAGE_UNCHANGED,
+            callbacks=[_observe_usage_unchanged],
+            unit="{chunk}",
+            description="Chunks whose forced usage could not be hidden exactly, relayed unchanged.",
         )
         self.access_log = logging.getLogger(semconv.ACCESS_LOGGER)
         made: list[SpanSink | MetricsSink | AccessSink] = []
@@ -225,7 +242,7 @@ class Pipeline:
                 )
             )
         if "access" in self.sink_names:
-            made.append(AccessSink(self.access_log))
+            made.append(AccessSink(self.access_log, every=access_all))
         # What `finish` hands each stream's summary to, in this order.
         self.sinks: tuple[Callable[[Summary], None], ...] = tuple(sink.emit for sink in made)
 
@@ -240,13 +257,14 @@ class Pipeline:
         """Telemetry configured by the standard OTEL_* variables; None if OTEL_SDK_DISABLED.
 
         `options` go to the constructor (server_address, server_port, provider_name,
-        capture_content, capture_limit, sinks, semconv_opt_in). Exporters: OTLP/HTTP protobuf,
-        batched direct spans, periodic metrics (the span exporter is the SDK's with a faster
-        encoder, `otlp`; the SDK's own where `otel_sdk.checked()` is false); the SDK reads
-        endpoint, headers, timeout, sampler and resource variables itself.
+        capture_content, capture_limit, sinks, semconv_opt_in, access_all). Exporters:
+        OTLP/HTTP protobuf, batched direct spans, periodic metrics (the span exporter is the
+        SDK's with a faster encoder, `otlp`; the SDK's own where `otel_sdk.checked()` is
+        false); the SDK reads endpoint, headers, timeout, sampler and resource variables itself.
         `SIDESTREAM_TELEMETRY_SINKS` chooses the sinks (`sinks.parse_sinks`) unless `sinks` is
         given, `OTEL_SEMCONV_STABILITY_OPT_IN` the GenAI names (`semconv.genai_names`) unless
-        `semconv_opt_in` is.
+        `semconv_opt_in` is, `SIDESTREAM_TELEMETRY_ACCESS_ALL` (`on`/`off`) `access_all`
+        unless it is.
         """
         env = os.environ if environ is None else environ
         if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -258,6 +276,7 @@ class Pipeline:
         resource = Resource.create(attributes)
         options.setdefault("sinks", parse_sinks(env.get("SIDESTREAM_TELEMETRY_SINKS")))
         options.setdefault("semconv_opt_in", env.get(semconv.SEMCONV_OPT_IN, ""))
+        options.setdefault("access_all", parse_switch(ACCESS_ALL, env.get(ACCESS_ALL)))
         processor = None
         if _wanted(env, "TRACES") and "span" in options["sinks"]:
             processor = BatchSpanProcessor(_span_exporter())
@@ -282,7 +301,7 @@ class Pipeline:
             self._registries.append(registry)
 
     def _observe_active(self, options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(sum(len(r) for r in self._registries))
+        yield Observation(sum(streams_in(r) for r in self._registries))
 
     # -- export -------------------------------------------------------------------------------
 
@@ -322,11 +341,11 @@ class Pipeline:
 
 def prometheus_text(registry: StreamRegistry | None, telemetry: Pipeline | None) -> bytes:
     """Prometheus text for the admin /metrics; `sidestream_active_streams` even when off."""
-    active = len(registry) if registry is not None else 0
+    active = streams_in(registry) if registry is not None else 0
     if telemetry is not None and registry is None:
-        active = sum(len(r) for r in telemetry._registries)
+        active = sum(streams_in(r) for r in telemetry._registries)
     lines = [
-        "# HELP sidestream_active_streams Requests in flight through the guard.",
+        "# HELP sidestream_active_streams Streams in flight through the guard.",
         "# TYPE sidestream_active_streams gauge",
         f"sidestream_active_streams {active}",
     ]

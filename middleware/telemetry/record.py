@@ -38,6 +38,7 @@ class StreamRecord:
         "_request_id",
         "_truncated",
         "agent",
+        "call",
         "direct",
         "gaps",
         "genai",
@@ -61,6 +62,9 @@ class StreamRecord:
         self.method: str = scope.get("method", "GET")
         self.path: str = scope.get("path", "")
         self.genai: Dialect | None = select(self.path)
+        # A `POST` to a GenAI path: a GenAI call unless it streams, or is not answered in JSON
+        # (`kinds.classify`); its JSON body is read for usage (`answer`).
+        self.call = self.genai is not None and self.method == "POST"
         # The headers read here, in one pass: the client's request id and user agent (the
         # first of each) and the propagator's trace context fields.
         fields = telemetry.propagation_fields
@@ -91,7 +95,9 @@ class StreamRecord:
         tracer, direct = telemetry.tracer, telemetry.direct
         if tracer is not None or direct is not None:
             parent = telemetry.propagator.extract(carrier) if carrier else None
-            name = self.genai.operation if self.genai is not None else self.method
+            # Named by its method until its end says it was a GenAI operation (`kinds`): a
+            # CORS preflight on a chat path is not a chat.
+            name = self.method
             attributes = self._http_attributes(scope)
             if direct is not None:
                 self.direct = direct.start(name, parent, attributes, self.t0_ns)
@@ -117,8 +123,6 @@ class StreamRecord:
         if self.agent is not None:
             attrs[semconv.USER_AGENT_ORIGINAL] = self.agent
         attrs.update(self.server)
-        if self.genai is not None:
-            attrs[semconv.GEN_AI_OPERATION_NAME] = self.genai.operation
         return attrs
 
     def _server(self, scope: Scope) -> dict[str, str | int]:

@@ -141,6 +141,9 @@ METRIC_ACTIVE_STREAMS: Final = "sidestream.active_streams"
 METRIC_KEEPALIVES: Final = "sidestream.keepalives"
 METRIC_CANCELLATIONS: Final = "sidestream.cancellations"  # counter by sidestream.outcome
 METRIC_CANCEL_LATENCY: Final = "sidestream.cancel_latency"  # histogram, seconds
+# Counter: chunks relayed unchanged to a client that did not ask for usage, because the usage
+# forcing caused in them could not be taken out exactly (middleware.usage_hide).
+METRIC_USAGE_UNCHANGED: Final = "sidestream.usage.unchanged_chunks"
 
 # The conventions' ExplicitBucketBoundaries. The time metrics share one list: 10 ms
 # doubling to 81.92 s (the inter-chunk histogram relies on that, see gaps).

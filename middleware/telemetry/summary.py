@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from middleware.errors import COMPLETED, UPSTREAM_ERROR, Outcome, StreamError
 from middleware.telemetry import semconv
+from middleware.telemetry.kinds import CALL, Kind, classify, is_genai
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from middleware.cycle import Resumable
     from middleware.dialects import Dialect, StreamStats
+    from middleware.telemetry.answer import Answer
     from middleware.telemetry.direct import DirectSpan
     from middleware.telemetry.gaps import Gaps
 
@@ -68,6 +70,7 @@ class Cycle(Protocol):
     body_bytes: int
     keepalives: int
     resumable: Resumable | None
+    answer: Answer | None
 
     def stream_stats(self) -> StreamStats | None: ...
 
@@ -108,6 +111,8 @@ class Record(Protocol):
     @property
     def method(self) -> str: ...
     @property
+    def call(self) -> bool: ...
+    @property
     def path(self) -> str: ...
     @property
     def request_id(self) -> str: ...
@@ -117,9 +122,10 @@ class Record(Protocol):
 class Summary:
     """One stream's end, as the sinks report it (see the module docstring).
 
-    `series` holds the GenAI attributes a stream's metrics are keyed by (operation, provider,
-    request model, server), empty for a request that is neither a stream nor on a GenAI path;
-    the span carries them too. Times are seconds on the cycle's monotonic clock (`end`,
+    `kind` is what the request was (`kinds`: a stream, a GenAI call, other traffic), and
+    `genai` whether it is reported as a GenAI operation; `series` holds the GenAI attributes
+    its metrics are keyed by (operation, provider, request model, server), empty unless
+    `genai`; the span carries them too. Times are seconds on the cycle's monotonic clock (`end`,
     `first_token_at`, `completed_at`, `aborted_at`; `record.ns` turns them into wall-clock
     nanoseconds) or durations in seconds.
     """
@@ -144,6 +150,7 @@ class Summary:
         "genai",
         "input_tokens",
         "keepalives",
+        "kind",
         "model",
         "operation",
         "outcome",
@@ -205,9 +212,24 @@ class Summary:
             None if aborted_at is None or stopped_at is None else max(0.0, stopped_at - aborted_at)
         )
         self.streaming = streaming = cycle.streaming
-        self.chunks = cycle.chunks
-        self.bytes = cycle.body_bytes
-        self.keepalives = cycle.keepalives
+        answer = cycle.answer
+        refused = outcome_value in _REFUSED
+        call = record.call
+        self.kind: Kind = classify(
+            streamed=streaming,
+            refused=refused,
+            call=call,
+            asked_stream=record.request.get(semconv.GEN_AI_REQUEST_STREAM) is True,
+            answered=answer is not None,
+            json=answer is not None and answer.json,
+            status=status,
+        )
+        kind = self.kind
+        # Counts of a stream; a response that is not one has its bytes only (none when the
+        # app gave none): what does not apply is None.
+        self.chunks = cycle.chunks if streaming else None
+        self.keepalives = cycle.keepalives if streaming else None
+        self.bytes = cycle.body_bytes if streaming else None if answer is None else answer.size
         resumable = cycle.resumable  # resume on: the stream's id, resumes, whether its end was read
         self.stream_id = None if resumable is None else resumable.stream_id
         self.resumes = None if resumable is None else resumable.resumes
@@ -221,13 +243,17 @@ class Summary:
         self.tokens_per_second = gaps.tokens_per_second()
 
         stats: StreamStats | None = cycle.stream_stats()
-        self.stats = stats
-        self.finish_reasons: tuple[str, ...]
+        self.finish_reasons: tuple[str, ...] = ()
         self.usage_source: str | None = None
-        if stats is None:
-            self.tokens = self.input_tokens = self.output_tokens = None
-            self.finish_reasons = ()
-        else:
+        self.tokens = self.input_tokens = self.output_tokens = None
+        if stats is None and kind is CALL and answer is not None:
+            stats = answer.stats()  # what the body said: no chunks, so no count of them
+            if stats is not None:
+                self.input_tokens, self.output_tokens = stats.input_tokens, stats.output_tokens
+                if stats.input_tokens is not None or stats.output_tokens is not None:
+                    self.usage_source = "reported"
+                self.finish_reasons = tuple(stats.finish_reasons)
+        elif stats is not None:
             self.tokens = stats.tokens
             self.input_tokens = stats.input_tokens
             output = stats.output_tokens
@@ -239,12 +265,13 @@ class Summary:
                 self.finish_reasons = tuple(stats.finish_reasons)
             else:
                 self.finish_reasons = _ERROR_REASONS
+        self.stats = stats
 
         dialect: Dialect | None = cycle.dialect or record.genai
         self.dialect = dialect
-        # Streams and GenAI paths are reported (a health probe is not a stream), and so is
-        # every request refused at admission: a refusal is a stream that never was.
-        self.genai = genai = record.genai is not None or streaming or outcome_value in _REFUSED
+        # GenAI operations alone get GenAI names and metrics (`kinds`): not a CORS preflight
+        # on a chat path, nor a model listing.
+        self.genai = genai = is_genai(kind, streaming, call)
         model = self.model = record.request.get(semconv.GEN_AI_REQUEST_MODEL)
         series: dict[str, str | int] = {}
         self.operation: str | None = None
@@ -261,6 +288,6 @@ class Summary:
             series.update(record.server)
         self.series = series
 
-        # With capture_content: the text relayed (None without).
+        # With capture_content: the text a stream relayed (None without, and for a call).
         text = record.text
-        self.output = None if text is None or stats is None else "".join(text)
+        self.output = None if text is None or stats is None or kind is CALL else "".join(text)

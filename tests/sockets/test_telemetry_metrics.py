@@ -170,7 +170,7 @@ async def test_active_streams_gauge_counts_in_flight_streams_with_or_without_tel
         await probe.wait()
     assert b"sidestream_active_streams 0\n" in prometheus_text(registry, None)
     assert prometheus_text(None, None) == (
-        b"# HELP sidestream_active_streams Requests in flight through the guard.\n"
+        b"# HELP sidestream_active_streams Streams in flight through the guard.\n"
         b"# TYPE sidestream_active_streams gauge\nsidestream_active_streams 0\n"
     )
 

@@ -33,17 +33,23 @@ def test_stream_header_rules_read_each_header_in_turn(
 ) -> None:
     """The media type and encoding are the last such headers' (lower-cased, parameters off);
     a stream's headers are the app's in order, without framing, hop-by-hop and the two the
-    guard sets (and Content-Encoding when it decodes), then the guard's two. Both read the
-    names `guarded` reads once and hands on."""
+    guard sets (and Content-Encoding when it decodes), then the guard's two: Cache-Control the
+    app's directives with no-transform added (no-cache, no-transform where it gave none).
+    Both read the names `guarded` reads once and hands on."""
     names = framing.lower_names(headers)
     assert framing.media_type(headers, names) == _plain_media_type(headers)
     dropped = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive"}
     dropped |= {b"proxy-connection", b"te", b"trailer", b"upgrade", b"cache-control"}
     dropped |= {b"x-accel-buffering"} | ({b"content-encoding"} if decode else set())
     kept = [(n, v) for n, v in headers if n.lower() not in dropped]
+    given = [v for n, v in headers if n.lower() == b"cache-control"]
+    directives = [d.strip() for value in given for d in value.split(b",") if d.strip()]
+    if b"no-transform" not in [d.lower() for d in directives]:
+        directives.append(b"no-transform")
+    added = [(b"cache-control", b", ".join(directives)), (b"x-accel-buffering", b"no")]
     assert framing.stream_headers(headers, decode=decode, names=names) == [
         *kept,
-        *framing.STREAM_HEADERS,
+        *(added if given else framing.STREAM_HEADERS),
     ]
     found = framing.guarded(headers, 200, "POST", frozenset({b"text/event-stream"}))
     assert found is None or found[2] == names

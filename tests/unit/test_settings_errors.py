@@ -61,16 +61,34 @@ def test_a_bad_variable_is_one_line_naming_it_and_its_flag(
     assert f"argument {env_name(flag)} (--{flag}): expected " in line
 
 
-@pytest.mark.parametrize("name", sorted(ENV_ONLY))
+# Each variable read by telemetry, not by a flag: a bad value, what its line names, a good one.
+ENV_CASES = {
+    "SIDESTREAM_TELEMETRY_SINKS": (
+        "span,bogus",
+        ("span", "metrics", "access", "none"),
+        "span, access",
+    ),
+    "SIDESTREAM_TELEMETRY_ACCESS_ALL": ("maybe", ("on", "off"), "on"),
+}
+
+
+def test_every_variable_without_a_flag_has_a_case() -> None:
+    """Rule: a variable added to ENV_ONLY is tested below (else this fails)."""
+    assert set(ENV_CASES) == set(ENV_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(ENV_CASES))
 def test_a_bad_variable_without_a_flag_is_one_line_too(
     name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Rule: `SIDESTREAM_TELEMETRY_SINKS=bogus` (read by telemetry, not by a flag) is refused
-    at the same point, the same way, naming the sinks it takes (it was a traceback, exit 1)."""
-    line = refusal(UPSTREAM, {name: "span,bogus"}, capsys)
+    """Rule: `SIDESTREAM_TELEMETRY_SINKS=bogus` or `SIDESTREAM_TELEMETRY_ACCESS_ALL=maybe`
+    (read by telemetry, not by a flag) is refused at the same point, the same way, naming the
+    values it takes (it was a traceback, exit 1)."""
+    bad, named, good = ENV_CASES[name]
+    line = refusal(UPSTREAM, {name: bad}, capsys)
     assert f"{name}: expected " in line
-    assert all(sink in line for sink in ("span", "metrics", "access", "none"))
-    assert load(UPSTREAM, environ={name: "span, access"}).listen  # good values still load
+    assert all(value in line for value in named)
+    assert load(UPSTREAM, environ={name: good}).listen  # good values still load
 
 
 def test_switches_take_on_and_off_as_the_docs_write_them(

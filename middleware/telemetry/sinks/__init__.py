@@ -6,7 +6,9 @@
 
 All three are on by default. `Telemetry(sinks={"metrics", "access"})` leaves one out;
 `Telemetry.from_env` reads `SIDESTREAM_TELEMETRY_SINKS` (`parse_sinks`). A sink left out costs
-nothing: without `span` no span is even started (and none is propagated upstream).
+nothing: without `span` no span is even started (and none is propagated upstream). The access
+line is for streams and GenAI calls; `Telemetry(access_all=True)` (`from_env`:
+`SIDESTREAM_TELEMETRY_ACCESS_ALL=on`, `parse_switch`) writes one for every request.
 """
 
 from __future__ import annotations
@@ -40,3 +42,18 @@ def parse_sinks(value: str | None) -> frozenset[str]:
         return chosen_sinks(names)
     except ValueError as error:
         raise ValueError(f"SIDESTREAM_TELEMETRY_SINKS={value!r}: {error}") from None
+
+
+# The access sink's one setting: a line for every request, other traffic too (`kinds`).
+ACCESS_ALL: Final = "SIDESTREAM_TELEMETRY_ACCESS_ALL"
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False}
+_SWITCH |= {"no": False, "off": False, "": False}
+
+
+def parse_switch(name: str, value: str | None) -> bool:
+    """An on/off variable (`on`, `off`, and true/false, yes/no, 1/0); unset is off. Anything
+    else is an error at start, not a setting silently ignored."""
+    switch = _SWITCH.get((value or "").strip().lower())
+    if switch is None:
+        raise ValueError(f"{name}={value!r}: expected on or off (or true/false, yes/no, 1/0)")
+    return switch

@@ -1,10 +1,10 @@
-"""The access-line sink: one JSON object per stream on the `sidestream.access` logger.
+"""The access-line sink: one JSON object per request on the `sidestream.access` logger.
 
-Only for streams and GenAI paths, as the metrics. The line's keys are written once, here, and
-its values by `%` (json.dumps would escape every key again for every stream): strings through
-json's own escaping (`_text`), numbers as `_int` and `_ms` write them. Where
-`configure_access_log`'s handler is the logger's only way out (`access_log.sole`) the line goes
-to it directly, without a `LogRecord`.
+For streams and GenAI calls (`kinds`); other traffic only with `Telemetry(access_all=True)`.
+The line's keys are written once, here, and its values by `%` (json.dumps would escape every
+key again for every stream): strings through json's own escaping (`_text`), numbers as `_int`
+and `_ms` write them. Where `configure_access_log`'s handler is the logger's only way out
+(`access_log.sole`) the line goes to it directly, without a `LogRecord`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from middleware.telemetry import semconv
 from middleware.telemetry.access_log import sole
+from middleware.telemetry.kinds import OTHER
 
 if TYPE_CHECKING:
     from middleware.telemetry.summary import Summary
@@ -68,16 +69,18 @@ def _timestamp() -> str:
 
 
 class AccessSink:
-    """Writes each stream's line to `log` (when it takes INFO)."""
+    """Writes each stream's and GenAI call's line to `log` (when it takes INFO); every
+    request's, other traffic too, with `every`."""
 
     name = "access"
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, every: bool = False) -> None:
         self.log = log
+        self.every = every
 
     def emit(self, summary: Summary) -> None:
         log = self.log
-        if not summary.genai or not log.isEnabledFor(logging.INFO):
+        if (summary.kind is OTHER and not self.every) or not log.isEnabledFor(logging.INFO):
             return
         record = summary.record
         span = record.span
@@ -106,9 +109,9 @@ class AccessSink:
             _text(summary.usage_source),
             "null" if tokens_per_second is None else f"{tokens_per_second:.2f}",
             _ms(summary.duration),
-            summary.bytes,
-            summary.chunks,
-            summary.keepalives,
+            _int(summary.bytes),
+            _int(summary.chunks),
+            _int(summary.keepalives),
             _ms(summary.cancel_latency),
         )
         if summary.stream_id is not None:

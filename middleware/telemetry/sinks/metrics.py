@@ -1,10 +1,12 @@
 """The metrics sink: a stream's measurements, into the locally aggregated instruments.
 
-Duration (by error type when it failed), time to first chunk, the gaps between chunks (folded
-in at once, `gaps.ChunkHistogram`), token usage by type, streams and cancellations by outcome,
-keep-alives, and how long a cancelled stream took to stop. Only for streams and GenAI paths: health probes and model listings are not
-streams. The instruments are `Telemetry`'s (`metrics.LocalHistogram`, `LocalCounter`), which
-every collection and export reads.
+For a GenAI operation (`summary.genai`): duration (by error type when it failed), token usage
+by type, and for a streamed one the time to first chunk and the gaps between chunks (folded in
+at once, `gaps.ChunkHistogram`). For a stream (`kinds.STREAM`) alone: streams and
+cancellations by outcome, keep-alives, and how long a cancelled stream took to stop. Other
+traffic (a CORS preflight, a model listing, a health probe) records nothing. The instruments
+are `Telemetry`'s (`metrics.LocalHistogram`, `LocalCounter`), which every collection and
+export reads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from middleware.errors import Outcome
 from middleware.telemetry import semconv
+from middleware.telemetry.kinds import STREAM
 from middleware.telemetry.metrics import Key, LocalCounter, LocalHistogram, series
 from middleware.telemetry.summary import FAILURE_VALUES
 
@@ -64,8 +67,13 @@ class MetricsSink:
         self.cancel_latency = cancel_latency
 
     def emit(self, summary: Summary) -> None:
-        if not summary.genai:
-            return
+        if summary.genai:
+            self._genai(summary)
+        if summary.kind is STREAM:
+            self._stream(summary)
+
+    def _genai(self, summary: Summary) -> None:
+        """A GenAI operation's: its duration, its tokens, and a stream's chunk times."""
         attributes = summary.series
         key = series(attributes)
         error_type = summary.error_type
@@ -74,9 +82,10 @@ class MetricsSink:
             self.duration.record(summary.duration, by_error)
         else:
             self.duration.record(summary.duration, key)
-        if summary.streaming and summary.ttft is not None:
-            self.ttfc.record(summary.ttft, key)
-        self.chunks.fold(summary.gaps, key)
+        if summary.streaming:
+            if summary.ttft is not None:
+                self.ttfc.record(summary.ttft, key)
+            self.chunks.fold(summary.gaps, key)
         input_tokens, output_tokens = summary.input_tokens, summary.output_tokens
         if input_tokens is not None or output_tokens is not None:
             by_input, by_output = _usage_series(key)
@@ -84,6 +93,9 @@ class MetricsSink:
                 self.token_usage.record(input_tokens, by_input)
             if output_tokens is not None:
                 self.token_usage.record(output_tokens, by_output)
+
+    def _stream(self, summary: Summary) -> None:
+        """A stream's (and only a stream's): its outcome, keep-alives and cancellation."""
         outcome = summary.outcome_value
         by_outcome = ((semconv.OUTCOME, outcome),)
         self.streams.add(1, by_outcome)

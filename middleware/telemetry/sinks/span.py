@@ -116,9 +116,12 @@ def attributes(
         dialect = summary.dialect
         if dialect is not None:
             attrs[semconv.DIALECT] = dialect.name
+    elif summary.bytes is not None:  # a response that is not a stream: its bytes only
+        attrs[semconv.BYTES] = summary.bytes
     stats = summary.stats
     if stats is not None:
-        attrs[semconv.TOKENS] = summary.tokens
+        if summary.tokens is not None:  # chunks counted: a stream's
+            attrs[semconv.TOKENS] = summary.tokens
         value = stats.response_id
         if value is not None:
             attrs[semconv.GEN_AI_RESPONSE_ID] = value
