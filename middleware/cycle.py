@@ -34,12 +34,13 @@ from middleware.errors import (
     UpstreamError,
 )
 from middleware.framing import Inflater, error_response, guarded, stream_headers, terminal_event
+from middleware.offer import drop_slow_client, offer_of, take_offer
 from middleware.phases import DONE, HEADERS, PLAIN, START
 from middleware.receiver import Receiver
 from middleware.registry import StreamRegistry
 from middleware.relay import Relay
 from middleware.sse import LineState, SSEScanner
-from middleware.types import SEND_NOWAIT, ASGIApp, Message, Receive, Scope, Send, SendNowait
+from middleware.types import ASGIApp, Message, Receive, Scope, Send
 from middleware.usage import BODY_LIMIT
 
 logger = logging.getLogger("sidestream")
@@ -129,7 +130,7 @@ class Cycle(Relay):
         self.settings = settings
         self.scope = scope
         receiver = Receiver(receive, self._client_left)
-        server_nowait = _take_offer(scope, self.send_nowait, receiver)
+        server_nowait = take_offer(scope, self.send_nowait, receiver)
         self.started = now = monotonic()
         super().__init__(receiver, send, server_nowait, now)
         self.loop = loop = asyncio.get_running_loop()  # a getpid() call; current_task(loop) none
@@ -232,7 +233,7 @@ class Cycle(Relay):
         if self.reason is None and self.running and self.phase is not DONE:
             self.reason = reason
             self.aborted_at = monotonic()
-            stop = (_offer(self.scope) or {}).get("stop")
+            stop = (offer_of(self.scope) or {}).get("stop")
             if stop is not None:
                 stop()  # the app's upstream closed now, not once the cancellation reaches it
             if isinstance(reason, StreamError) and self.streaming and self.sending_since is None:
@@ -363,45 +364,6 @@ async def fail(cycle: Cycle, error: StreamError) -> None:
         cycle.outcome = Outcome.SLOW_CLIENT
 
 
-def drop_slow_client(scope: Scope, send_timeout: float | None) -> None:
-    """The client accepted nothing for send_timeout: close its connection (through the
-    server's `abort`, where offered, so the server logs no incomplete response) and say so
-    once."""
-    offer = _offer(scope)
-    if offer is not None and "abort" in offer:
-        offer["abort"]()
-    client = scope.get("client")
-    logger.info(
-        "dropped a slow client %s: it accepted nothing for %s s",
-        f"{client[0]}:{client[1]}" if client else "",
-        send_timeout,
-    )
-
-
 def _listed(headers: Iterable[Any]) -> Sequence[Any]:
     """An app's response headers (any iterable, in ASGI) as a sequence: read more than once."""
     return headers if isinstance(headers, list | tuple) else list(headers)
-
-
-def _offer(scope: Scope) -> dict[str, Any] | None:
-    """The server's `SEND_NOWAIT` extension dict for this request, if it offers one."""
-    offer: dict[str, Any] | None = (scope.get("extensions") or {}).get(SEND_NOWAIT)
-    return offer
-
-
-def _take_offer(scope: Scope, ours: SendNowait, receiver: Receiver) -> SendNowait | None:
-    """The server's synchronous body write, if it offers one; the app gets ours instead (our
-    checks first, then the server's), never the server's own. Swapped in the extension's own
-    dict rather than in a copy of the scope: a copy costs ~1 KB per open stream, and the
-    server never reads the function back. Where the server offers to say when the client
-    leaves (`on_disconnect`, still free: an outer guard may have taken it), the receiver
-    takes it and needs no watcher task."""
-    offer = _offer(scope)
-    if offer is None:
-        return None
-    server: SendNowait = offer["send"]
-    offer["send"] = ours
-    if "on_disconnect" in offer and offer["on_disconnect"] is None:
-        offer["on_disconnect"] = receiver.left
-        receiver.told = True
-    return server
