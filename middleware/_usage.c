@@ -9,7 +9,9 @@
  *
  * - `request(body)`: where to insert `stream_options` (the offset of the closing brace),
  *   UNCHANGED when usage.rewrite would forward the body as it is, or ASK.
- * - `hide(body)`: usage.py's `_hide(body, False)`, or None: ASK.
+ * - `hide(body)`: what usage_hide.HideUsage makes of a chunk of whole one-line `data:` events
+ *   at an event boundary, LF only: the usage-only events dropped, a top-level
+ *   `"usage": null` member cut out; or None: ASK.
  *
  * ASK means "usage.py decides": the grammar here is a strict part of what the json module
  * reads the same way, and whatever lies outside it is left to usage.py, so an answer given
@@ -22,7 +24,8 @@
  * most U+10FFFF), RFC 8259 (whitespace is space, tab, LF, CR; a string holds no control
  * character; a number has no leading zero), which is what json's C scanner reads.
  * The test suite runs usage.py's tests with and without this module, and
- * tests/unit/test_usage_twins.py checks that every answer given here is usage.py's.
+ * tests/unit/test_usage_twins.py checks that every answer given here is usage.py's (and
+ * usage_hide.py's).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +35,7 @@ enum { MAX_DEPTH = 64, MAX_KEYS = 64, MAX_DIGITS = 4000 };
 enum { ASK = -1, UNCHANGED = -2 };
 
 /* What a top-level key's last value was, for the keys asked about */
-enum { NONE = 0, TRUE_, EMPTY_ARRAY, OBJECT, OTHER };
+enum { NONE = 0, TRUE_, EMPTY_ARRAY, OBJECT, NULL_, OTHER };
 
 typedef struct {
     const unsigned char *p, *end;
@@ -40,6 +43,8 @@ typedef struct {
     int duplicate; /* some object holds one key twice */
     /* the top-level object's keys asked about: their last value (a dict keeps the last) */
     int stream, stream_options, choices, usage;
+    /* what takes the top-level usage member out: [cut, resume), its comma included */
+    const unsigned char *cut, *resume;
 } Scan;
 
 /* The first `needle` (`m` bytes) in `s` (`n` bytes), or NULL. `memchr` skips to each place
@@ -58,8 +63,6 @@ static const char *find(const char *s, Py_ssize_t n, const char *needle, Py_ssiz
 }
 
 #define USAGE "\"usage\"", 7, 4 /* `"usage"`, found by its `g` */
-#define USAGE_NULL ",\"usage\":null", 13, 5
-#define BLANK_LINE "\n\n", 2, 0
 
 static void blanks(Scan *s) {
     while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
@@ -189,7 +192,7 @@ static int key_is(const unsigned char *key, Py_ssize_t n, const char *name) {
 
 /* An object at `s->p` (its `{`) */
 static int object(Scan *s) {
-    const unsigned char *keys[MAX_KEYS];
+    const unsigned char *keys[MAX_KEYS], *last = NULL; /* the end of the last value */
     Py_ssize_t lens[MAX_KEYS];
     int count = 0, top = s->depth == 1, kind, escaped;
     s->p++;
@@ -212,13 +215,19 @@ static int object(Scan *s) {
         s->p++;
         blanks(s);
         if (value(s, &kind) < 0) return -1;
+        const unsigned char *ended = s->p;
+        int r = after(s, '}');
         if (top) {
             if (key_is(key, n, "stream")) s->stream = kind;
             else if (key_is(key, n, "stream_options")) s->stream_options = kind;
             else if (key_is(key, n, "choices")) s->choices = kind;
-            else if (key_is(key, n, "usage")) s->usage = kind;
+            else if (key_is(key, n, "usage")) { /* up to the next key, else from the last value */
+                s->usage = kind;
+                s->cut = r == 0 || last == NULL ? key - 1 : last;
+                s->resume = r == 0 ? s->p : ended;
+            }
         }
-        int r = after(s, '}');
+        last = ended;
         if (r != 0) return r < 0 ? -1 : 0;
     }
 }
@@ -266,6 +275,7 @@ static int value(Scan *s, int *kind) {
     case 'f':
         return literal(s, "false", 5);
     case 'n':
+        *kind = NULL_;
         return literal(s, "null", 4);
     default:
         return *s->p == '-' || (*s->p >= '0' && *s->p <= '9') ? number(s) : -1;
@@ -308,103 +318,61 @@ static PyObject *request(PyObject *module, PyObject *body) {
     return PyLong_FromLong(answer);
 }
 
-/* usage.py's `_usage_only(part)`, for a part `hide` found `"usage"` in (so not looked for
- * again): 1, 0, or ASK */
-static int usage_only(const unsigned char *part, Py_ssize_t n) {
-    if (n < 6 || memcmp(part, "data: ", 6) != 0 || memchr(part, '\n', n) != NULL) return 0;
-    Scan s;
-    int kind = document(&s, part + 6, n - 6);
-    if (kind < 0) return ASK;
-    return kind == OBJECT && s.choices == EMPTY_ARRAY && s.usage == OBJECT;
-}
-
-/* `body.replace(old, b"")`, the same object when `old` is not in it */
-static PyObject *without(PyObject *body, const char *old, Py_ssize_t m, Py_ssize_t k) {
-    const char *b = PyBytes_AS_STRING(body), *end = b + PyBytes_GET_SIZE(body);
-    const char *at = find(b, end - b, old, m, k);
-    if (at == NULL) return Py_NewRef(body);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(body));
-    if (out == NULL) return NULL;
-    char *o = PyBytes_AS_STRING(out);
-    while (at != NULL) {
-        memcpy(o, b, at - b);
-        o += at - b;
-        b = at + m;
-        at = find(b, end - b, old, m, k);
-    }
-    memcpy(o, b, end - b);
-    o += end - b;
-    _PyBytes_Resize(&out, o - PyBytes_AS_STRING(out));
-    return out;
-}
-
-/* The last `\n\n` that starts before `stop`, or NULL */
-static const char *last_blank(const char *b, const char *stop) {
-    for (const char *p = stop - 2; p >= b; p--)
-        if (p[0] == '\n' && p[1] == '\n') return p;
-    return NULL;
-}
-
-/* def hide(body: bytes) -> bytes | None: usage.py's `_hide(body, False)`, its lines as
- * comments; None to ask usage.py */
+/* def hide(body: bytes) -> bytes | None: usage_hide.HideUsage's edit of `body` at an event
+ * boundary, for a body of whole events of one `data:` line each, LF only; None (ASK) for any
+ * other body, and for an event whose usage is not dropped or cut here */
 static PyObject *hide(PyObject *module, PyObject *body) {
     (void)module;
     if (!PyBytes_Check(body)) {
         PyErr_SetString(PyExc_TypeError, "hide(body: bytes)");
         return NULL;
     }
-    /* if body.find(b'"usage"') < 0: return body */
-    if (find(PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), USAGE) == NULL)
-        return Py_NewRef(body);
-    /* body = body.replace(b',"usage":null', b"") */
-    PyObject *edited = without(body, USAGE_NULL);
-    if (edited == NULL) return NULL;
-    const char *b = PyBytes_AS_STRING(edited), *end = b + PyBytes_GET_SIZE(edited);
-    /* at = body.find(b'"usage"'); if at < 0: return body */
-    const char *at = find(b, end - b, USAGE);
-    /* _usage_events_dropped(body, at): the kept bytes are [b, start) less the dropped
-     * events, written to `out` as each event is dropped (made at the first) */
-    PyObject *out = NULL;
-    char *o = NULL;
-    const char *start = b;
-    while (at != NULL) {
-        const char *stop = find(at, end - at, BLANK_LINE);
-        if (stop == NULL) break;
-        const char *blank = last_blank(b, at);
-        if (blank != NULL && blank > b && blank[-1] == '\n') goto ask; /* three newlines */
-        const char *begin = blank == NULL ? b : blank + 2;
-        int usage = usage_only((const unsigned char *)begin, stop - begin);
-        if (usage == ASK) goto ask;
-        if (usage) {
-            if (out == NULL) {
-                out = PyBytes_FromStringAndSize(NULL, end - b);
-                if (out == NULL) goto fail;
-                o = PyBytes_AS_STRING(out);
+    const char *b = PyBytes_AS_STRING(body), *end = b + PyBytes_GET_SIZE(body);
+    Py_ssize_t n = end - b;
+    if (n < 2 || end[-1] != '\n' || end[-2] != '\n' || memchr(b, '\r', n) != NULL)
+        Py_RETURN_NONE;
+    if (find(b, n, USAGE) == NULL) return Py_NewRef(body);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL) return NULL;
+    char *o = PyBytes_AS_STRING(out);
+    for (const char *e = b; e < end;) { /* an event: `data:`, its value, LF, LF */
+        const char *nl = memchr(e, '\n', end - e);
+        if (nl - e < 5 || memcmp(e, "data:", 5) != 0 || nl[1] != '\n') goto ask;
+        const char *d = e + 5 + (e[5] == ' '), *cut = nl, *resume = nl, *next = nl + 2;
+        if (find(d, nl - d, USAGE) != NULL) {
+            Scan s;
+            if (document(&s, (const unsigned char *)d, nl - d) != OBJECT || s.duplicate) goto ask;
+            if (s.usage == OBJECT && (s.choices == NONE || s.choices == EMPTY_ARRAY)) {
+                e = next; /* the usage chunk: dropped whole */
+                continue;
             }
-            memcpy(o, start, begin - start);
-            o += begin - start;
-            start = stop + 2;
+            if (s.usage == NULL_) {
+                cut = (const char *)s.cut;
+                resume = (const char *)s.resume;
+            } else if (s.usage != NONE) {
+                goto ask;
+            }
         }
-        at = find(stop + 2, end - stop - 2, USAGE);
+        memcpy(o, e, cut - e);
+        o += cut - e;
+        memcpy(o, resume, next - resume);
+        o += next - resume;
+        e = next;
     }
-    if (out == NULL) return edited;
-    memcpy(o, start, end - start);
-    o += end - start;
-    Py_DECREF(edited);
+    if (o - PyBytes_AS_STRING(out) == n) { /* nothing taken out: the same object */
+        Py_DECREF(out);
+        return Py_NewRef(body);
+    }
     _PyBytes_Resize(&out, o - PyBytes_AS_STRING(out));
     return out;
 ask:
-    Py_XDECREF(out);
-    Py_DECREF(edited);
+    Py_DECREF(out);
     Py_RETURN_NONE;
-fail:
-    Py_DECREF(edited);
-    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"request", request, METH_O, "usage.rewrite's decision: an offset, UNCHANGED or ASK"},
-    {"hide", hide, METH_O, "usage._hide(body, False), or None to ask usage.py"},
+    {"hide", hide, METH_O, "usage_hide.HideUsage's edit of whole events, or None to ask"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,17 +35,18 @@ from middleware.types import SendNowait
 class Edit(Protocol):
     """A change the guard makes to a stream's bytes on their way out (resume's event ids,
     forced usage's hidden chunk). Called with each body chunk in order, it returns the bytes
-    to write instead: nothing held back (bytes are forwarded as they come), and the output
-    ends at the same kind of line boundary as the input, so the line state the relay keeps
-    from the input holds for what was written."""
+    to write instead. It holds back no more than the start of an SSE block it has yet to
+    decide (forced usage, `usage_hide`), so where the input stands at a line boundary the
+    output does too: the line state the relay keeps from the input is safe for a keep-alive,
+    and the terminal event goes through the edit (what it holds goes out before it)."""
 
     @property
     def ends(self) -> frozenset[int] | None:
         """None: every chunk is the edit's. Else the chunks it may change are those that do
         not end an event and those whose fourth-last byte (before the closing blank line) is
         in this set: the relay writes the others without the call, which costs more than the
-        rest of a token's relay (forced usage: the usage chunk ends `}}` or `[DONE]`). Fixed
-        for the edit's life: the compiled core reads it once, when the edit is set."""
+        rest of a token's relay. Fixed for the edit's life: the compiled core reads it once,
+        when the edit is set."""
 
     def __call__(self, body: bytes) -> bytes: ...
 

@@ -4,10 +4,11 @@ OpenAI-style servers send a usage chunk only when the client asked for it with
 `stream_options.include_usage`, and most clients do not. With `usage="force"` the guard
 asks for it on the client's behalf — it rewrites a streaming chat/completions or
 completions request's body before the app (the proxy, the upstream) reads it — and, when
-the client had not asked, hides the usage-only chunk from the client again (`HideUsage`,
-an `Edit` on the relay), so that the client sees the bytes it would have seen without.
-`usage="continuous"` also asks vLLM for `continuous_usage_stats`, so that a stream cut
-anywhere has the server's counts so far; its per-chunk `usage` fields are hidden too.
+the client had not asked, takes out again what that caused (`usage_hide.HideUsage`, an
+`Edit` on the relay: the usage chunk, `"usage":null` members), so that the client reads the
+bytes it would have read without. `usage="continuous"` also asks vLLM for
+`continuous_usage_stats`, so that a stream cut anywhere has the server's counts so far; its
+per-chunk `usage` members are hidden too.
 
 Deliberate choices (do not "fix" these):
 
@@ -24,29 +25,27 @@ Deliberate choices (do not "fix" these):
   closing brace: every other byte stays as the client wrote it (numbers keep their
   spelling). An existing `stream_options` object is amended by re-serializing the body
   (key order and non-ASCII text kept; insignificant whitespace and number spelling are not).
-- The usage chunk is found per relayed chunk by a byte search for `"usage"`; a usage event
-  split across two reads is passed through rather than held back (bytes are never held).
+- What the client is shown instead, and which bytes are held for it: `usage_hide`.
 """
 
 from __future__ import annotations
 
 import json
 import json.scanner
-import re
 from collections.abc import Coroutine
 from operator import itemgetter
 from typing import Any
 
-from middleware.dialects import json_object, select
+from middleware.dialects import select
 from middleware.speedups import compiled
 from middleware.types import Message, Receive, Scope
+from middleware.usage_hide import HideUsage
 
 MODES = ("pass", "force", "continuous")
 BODY_LIMIT = 1 << 20  # request bytes read and parsed at most; a larger body goes unchanged
 PATHS = ("openai.chat", "openai.completions")  # the dialects whose requests are rewritten
-_FLAT_USAGE = re.compile(rb',"usage":\{[^{}"]*(?:"[a-z_]+":[0-9]+,?)*\}')
-# Both questions answered in one pass over the bytes, without the JSON's objects, where
-# built (`middleware/_usage.c`); what it leaves to this module (ASK, None) is answered here.
+# The request's question answered in one pass over the bytes, without the JSON's objects,
+# where built (`middleware/_usage.c`); what it leaves to this module (ASK) is answered here.
 _compiled = compiled("middleware._usage")
 
 
@@ -197,7 +196,7 @@ async def force(
         return _Replay(read, receive), None
     _with_length(scope, len(rewritten))
     message = {"type": "http.request", "body": rewritten, "more_body": False}
-    return _Replay([message], receive), _HIDE[mode == "continuous"]
+    return _Replay([message], receive), HideUsage(continuous=mode == "continuous")
 
 
 class _Replay:
@@ -219,119 +218,3 @@ class _Replay:
                 self.pending = None
             return message
         return await self.receive()
-
-
-_ENDS = frozenset(b"}El")  # `HideUsage.ends`, one set for every stream
-
-
-class HideUsage:
-    """The relay's `Edit` for a client that did not ask for usage: drops the usage-only
-    event (`"choices":[]` with a `usage` object) and any `"usage":null` or, in continuous
-    mode, per-chunk usage object, so that the client reads what it would have without."""
-
-    __slots__ = ("continuous", "ends")
-
-    def __init__(self, continuous: bool = False) -> None:
-        self.continuous = continuous
-        # Where usage can be, by a chunk's fourth-last byte: the usage chunk ends `}}` (its
-        # usage object, then its own), alone or before `[DONE]` (`E`); OpenAI's per-chunk
-        # `"usage":null` ends its chunk (`l`); vLLM's continuous usage ends each chunk (`}`).
-        # A token chunk ends `]}` (its choices) or in a field of the server's own: the relay
-        # does not call for those (`Edit.ends`).
-        self.ends = _ENDS
-
-    def __call__(self, body: bytes) -> bytes:
-        if not self.continuous and _compiled is not None:  # `_hide`, compiled
-            hidden: bytes | None = _compiled.hide(body)
-            if hidden is not None:
-                return hidden
-        return _hide(body, self.continuous)
-
-    def undo(self) -> None:
-        """Nothing to forget: each chunk is edited on its own."""
-
-
-# The edit each stream gets: it keeps no state of its own, so one of each kind serves all.
-_HIDE = (HideUsage(continuous=False), HideUsage(continuous=True))
-
-
-def _hide(body: bytes, continuous: bool) -> bytes:
-    """`HideUsage`'s edit in Python: the compiled `hide`'s twin, and what runs wherever that
-    one asks (and in continuous mode)."""
-    # `find`, not `in`: a bytes needle in `in` is first tried as an integer inside CPython,
-    # which raises and clears a TypeError each time.
-    if body.find(b'"usage"') < 0:
-        return body  # nothing to hide: `,"usage":null` and a usage object both hold it
-    body = body.replace(b',"usage":null', b"")
-    if continuous and body.find(b'"choices":[]') < 0:
-        # A token chunk with vLLM's flat usage object after its choices: cut it out as
-        # text (a JSON round trip per token costs ten times as much).
-        body = _FLAT_USAGE.sub(b"", body)
-    at = body.find(b'"usage"')
-    if at < 0:
-        return body
-    if continuous:
-        return _by_events(body, continuous)
-    return _usage_events_dropped(body, at)
-
-
-def _by_events(body: bytes, continuous: bool) -> bytes:
-    """`body` split into its events, each checked: the usage-only ones dropped and, in
-    continuous mode, the others' usage objects."""
-    parts = body.split(b"\n\n")
-    kept = [part for part in parts[:-1] if not _usage_only(part)]
-    if continuous:
-        kept = [_without_usage(part) for part in kept]
-    elif len(kept) == len(parts) - 1:
-        return body
-    return b"".join(part + b"\n\n" for part in kept) + parts[-1]
-
-
-def _usage_events_dropped(body: bytes, at: int) -> bytes:
-    """`_by_events(body, False)`, looking only at the events that hold `"usage"` (the first
-    at `at`): a stream's first write can hold its whole answer (a one-token reply's token,
-    finish, usage and `[DONE]` in one upstream read). `middleware/_usage.c`'s `hide` is
-    this, compiled."""
-    kept = []
-    start = 0  # where the bytes not yet in `kept` begin
-    while at >= 0:
-        end = body.find(b"\n\n", at)
-        if end < 0:
-            break  # the part after the last blank line: never a whole event
-        begin = body.rfind(b"\n\n", 0, at)
-        if begin > 0 and body[begin - 1] == 10:
-            return _by_events(body, False)  # three newlines or more: `split` pairs them up
-        begin = 0 if begin < 0 else begin + 2
-        if _usage_only(body[begin:end]):
-            kept.append(body[start:begin])
-            start = end + 2
-        at = body.find(b'"usage"', end + 2)
-    if start == 0:
-        return body
-    kept.append(body[start:])
-    return b"".join(kept)
-
-
-def _event_json(part: bytes) -> dict[str, Any] | None:
-    if not part.startswith(b"data: ") or 10 in part:
-        return None
-    return json_object(part[6:])
-
-
-def _usage_only(part: bytes) -> bool:
-    """One whole `data:` event whose JSON is the usage chunk: no choices, a usage object."""
-    if part.find(b'"usage"') < 0:
-        return False
-    obj = _event_json(part)
-    return obj is not None and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
-
-
-def _without_usage(part: bytes) -> bytes:
-    """A continuous-usage chunk without its `usage` field (the client did not ask)."""
-    if part.find(b'"usage"') < 0:
-        return part
-    obj = _event_json(part)
-    if obj is None or "usage" not in obj:
-        return part
-    del obj["usage"]
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()

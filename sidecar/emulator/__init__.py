@@ -26,7 +26,10 @@ Endpoints:
 Pacing, per request; later layers win: defaults (200 ms to the first token, 20 ms between
 tokens, 64 tokens), then headers `X-Emulator-TTFT-Ms`, `X-Emulator-ITL-Ms`,
 `X-Emulator-Tokens`, then the body field `"sidestream": {"ttft_ms", "itl_ms", "tokens",
-"text", "stamp"}`. Response headers and the role chunk go at once; the TTFT delay is before
+"text", "stamp", "shape"}`. `shape` picks whose chunks are sent once usage is asked for:
+`emulator` (the default: no usage member per chunk), `vllm` (`"usage":null` last in every
+chunk), `openai` (`service_tier` and `system_fingerprint` first, `"usage":null` before an
+`obfuscation` pad, which the usage chunk carries too). Response headers and the role chunk go at once; the TTFT delay is before
 the first content token. `itl_ms: 0` streams as fast as possible, one `send()` per token.
 Tokens cycle through a built-in English passage, or `text` split into word-ish tokens on
 code points (a given `text` without `tokens` is streamed exactly once). Limits: `tokens` ≤

@@ -15,31 +15,42 @@ from sidecar.emulator.plan import Plan
 
 DONE = b"data: [DONE]\n\n"
 END = b"}\n\n"
-STAMP_END = b',"sidestream_sent_ns":%d}\n\n'
+STAMP = b',"sidestream_sent_ns":%d'
+STAMP_END = STAMP + END  # the emulator's own shape's stamped end (bench/lab reads it)
+OPENAI_HEAD = b'"service_tier":"default","system_fingerprint":"fp_emulator",'
+OBFUSCATION = b',"obfuscation":"Zq3"'
 USAGE_FIELD = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
 
 
 class Frames:
-    """The frames of one response. A content chunk is `head + token + tail + END`."""
+    """The frames of one response. A content chunk is `head + token + tail + end`."""
 
-    __slots__ = ("_prefix", "head", "kind", "role", "tail")
+    __slots__ = ("_prefix", "end", "head", "kind", "pad", "role", "tail")
 
     def __init__(self, plan: Plan) -> None:
         self.kind = plan.kind
         ident = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + uuid.uuid4().hex
         obj = "chat.completion.chunk" if plan.kind == "chat" else "text_completion"
-        self._prefix = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":' % (
+        openai = plan.shape == "openai"
+        self._prefix = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,%b"choices":' % (
             ident.encode(),
             obj.encode(),
             int(time.time()),
             json.dumps(plan.model, ensure_ascii=False).encode(),
+            OPENAI_HEAD if openai else b"",
         )
+        # What follows a chunk's choices: `"usage":null` where vLLM and OpenAI write it once
+        # usage is asked for (not with vLLM's continuous usage: the service adds that), and
+        # OpenAI's pad (`pad`, which its usage chunk carries too).
+        self.pad = OBFUSCATION if openai else b""
+        null = plan.include_usage and not plan.continuous_usage and plan.shape != "emulator"
+        self.end = (b',"usage":null' if null else b"") + self.pad + END
         if plan.kind == "chat":
             self.head = self._prefix + b'[{"index":0,"delta":{"content":'
             self.tail = b'},"logprobs":null,"finish_reason":null}]'
             self.role: bytes | None = (
                 self._prefix + b'[{"index":0,"delta":{"role":"assistant","content":""},'
-                b'"logprobs":null,"finish_reason":null}]}\n\n'
+                b'"logprobs":null,"finish_reason":null}]' + self.end
             )
         else:
             self.head = self._prefix + b'[{"index":0,"text":'
@@ -48,23 +59,24 @@ class Frames:
 
     def finish(self, reason: str) -> bytes:
         if self.kind == "chat":
-            choice = b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"}]}\n\n'
+            choice = b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":"%s"}]'
         else:
             choice = (
-                b'[{"index":0,"text":"","logprobs":null,"finish_reason":"%s",'
-                b'"stop_reason":null}]}\n\n'
+                b'[{"index":0,"text":"","logprobs":null,"finish_reason":"%s","stop_reason":null}]'
             )
-        return self._prefix + choice % reason.encode()
+        return self._prefix + choice % reason.encode() + self.end
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         return (
             self._prefix
-            + b'[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+            + b'[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
             % (
                 prompt_tokens,
                 completion_tokens,
                 prompt_tokens + completion_tokens,
             )
+            + self.pad
+            + END
         )
 
 

@@ -30,7 +30,11 @@ DEFAULT_ITL_MS = 20.0
 DEFAULT_TOKENS = 64
 MAX_TOKENS = 100_000
 MAX_DELAY_MS = 600_000.0
-PACING_FIELDS = frozenset({"ttft_ms", "itl_ms", "tokens", "text", "stamp"})
+PACING_FIELDS = frozenset({"ttft_ms", "itl_ms", "tokens", "text", "stamp", "shape"})
+# Whose chunks, as they are with `stream_options.include_usage`: the emulator's own (no
+# usage member per chunk), vLLM's (`"usage":null` last in every chunk) or OpenAI's
+# (`service_tier`, `system_fingerprint`, then `"usage":null` before an `obfuscation` pad).
+SHAPES = ("emulator", "vllm", "openai")
 
 
 class BadRequest(Exception):
@@ -72,6 +76,7 @@ class Plan:
     prompt_tokens: int
     # vLLM's `stream_options.continuous_usage_stats`: usage so far on every content chunk.
     continuous_usage: bool = False
+    shape: str = "emulator"  # `SHAPES`
 
 
 def plan_post(kind: Kind, raw: bytes, headers: Headers) -> Plan:
@@ -112,7 +117,12 @@ def plan_post(kind: Kind, raw: bytes, headers: Headers) -> Plan:
     options = body.get("stream_options")
     if include_usage and isinstance(options, dict) and options.get("continuous_usage_stats"):
         plan = dataclasses.replace(plan, continuous_usage=True)
-    return plan
+    shape = (pacing or {}).get("shape", "emulator")
+    if shape not in SHAPES:
+        raise BadRequest(
+            f"'sidestream.shape' must be one of {', '.join(SHAPES)}.", "sidestream.shape"
+        )
+    return dataclasses.replace(plan, shape=shape) if shape != "emulator" else plan
 
 
 def plan_get(query: bytes, headers: Headers) -> tuple[Plan, int]:

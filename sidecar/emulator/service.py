@@ -30,7 +30,7 @@ from sidecar.emulator.asgi import (
     read_headers,
     respond,
 )
-from sidecar.emulator.frames import DONE, END, STAMP_END, USAGE_FIELD, Frames, full_response
+from sidecar.emulator.frames import DONE, STAMP, USAGE_FIELD, Frames, full_response
 from sidecar.emulator.plan import BadRequest, Headers, Plan, plan_get, plan_post
 from sidecar.emulator.text import token_cycle
 
@@ -141,7 +141,7 @@ class Emulator:
         frames = Frames(plan)
         _, tokens = token_cycle(plan.text)
         cycle = len(tokens)
-        head, tail, count, itl = frames.head, frames.tail, plan.count, plan.itl
+        head, tail, end, count, itl = frames.head, frames.tail, frames.end, plan.count, plan.itl
         loop = asyncio.get_running_loop()
         self.stats.streams_started += 1
         watch = Watch(receive)
@@ -160,11 +160,11 @@ class Emulator:
                 elif (i - start) % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)
                 if plan.stamp is None:
-                    chunk = head + tokens[i % cycle] + tail + END
+                    chunk = head + tokens[i % cycle] + tail + end
                 elif plan.stamp == "content":
-                    chunk = head + b'"%d"' % time.monotonic_ns() + tail + END
+                    chunk = head + b'"%d"' % time.monotonic_ns() + tail + end
                 else:
-                    chunk = head + tokens[i % cycle] + tail + STAMP_END % time.monotonic_ns()
+                    chunk = head + tokens[i % cycle] + tail + STAMP % time.monotonic_ns() + end
                 if plan.continuous_usage:  # vLLM's usage so far, after the choices
                     used = (plan.prompt_tokens, i + 1, plan.prompt_tokens + i + 1)
                     chunk = chunk[:-3] + USAGE_FIELD % used + b"}\n\n"

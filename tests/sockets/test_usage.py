@@ -40,6 +40,7 @@ class Recording:
         self.app = make_app(stats=self.stats)
         self.bodies: list[dict[str, Any]] = []
         self.raw: list[bytes] = []  # every request body as it arrived
+        self.port = 0  # where it listens (for a direct request)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,6 +70,7 @@ async def stack(
     )
     upstream = Recording()
     async with serve(upstream) as up:
+        upstream.port = up
         settings = load(["--upstream", f"http://127.0.0.1:{up}", *flags], environ={})
         registry = StreamRegistry()
         async with serve(build_guard(settings, registry, telemetry), "sidecar") as port:
@@ -249,26 +251,38 @@ async def test_continuous_usage_gives_an_early_end_the_servers_own_count() -> No
     assert tuple(attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS]) == ("error",)
 
 
-async def test_token_chunks_skip_the_usage_edit_on_the_fast_path(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("mode", ["force", "continuous"])
+@pytest.mark.parametrize("shape", ["vllm", "openai"])
+async def test_the_emulators_vllm_and_openai_shapes_read_as_direct(
+    shape: str, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Forced usage costs a token chunk no call: the relay asks `HideUsage` only about the
-    chunks that may hold usage (the end of the stream), and the tokens still go by
-    `send_nowait` from the upstream's read callback."""
-    from middleware.usage import HideUsage
-
-    seen: list[bytes] = []
-    original = HideUsage.__call__
-
-    def counting(self: HideUsage, body: bytes) -> bytes:
-        seen.append(body)
-        return original(self, body)
-
-    monkeypatch.setattr(HideUsage, "__call__", counting)
-    async with stack() as (port, _, _, _, _):
-        text = await raw(port, chat(tokens=30, itl_ms=5))
-    assert b'"usage"' not in text and text.endswith(b"data: [DONE]\n\n")
-    assert len(seen) <= 3, [s[-40:] for s in seen]  # the finish/usage/[DONE] reads only
+    """The emulator as vLLM (`"usage":null` last in every chunk once usage is asked) and as
+    OpenAI (`"usage":null` before its `obfuscation` pad): a client that did not ask reads
+    through the sidecar the bytes of a direct request that did not ask (id and time aside),
+    and the span and access line carry the counts of the server's own usage chunk."""
+    caplog.set_level("INFO", logger=semconv.ACCESS_LOGGER)
+    body = chat(tokens=7) | {"sidestream": {"tokens": 7, "itl_ms": 1, "shape": shape}}
+    async with stack("--usage", mode) as (port, upstream, spans, _, _):
+        direct = await raw(upstream.port, body)
+        asked = await raw(upstream.port, body | {"stream_options": {"include_usage": True}})
+        forced = await raw(port, body)
+        assert upstream.bodies[-1]["stream_options"]["include_usage"] is True
+        await asyncio.sleep(0)
+        span = span_of(spans)
+    assert b'"usage":null' in asked and same_shape(forced) == same_shape(direct)
+    (usage_chunk,) = [
+        json.loads(line[6:])
+        for line in asked.split(b"\n")
+        if line.startswith(b'data: {"') and b'"choices":[]' in line
+    ]
+    usage = usage_chunk["usage"]
+    assert span.attributes is not None
+    assert span.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == usage["prompt_tokens"]
+    assert span.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == usage["completion_tokens"] == 7
+    assert span.attributes[semconv.USAGE_SOURCE] == "reported"
+    line = json.loads([r for r in caplog.records if r.name == semconv.ACCESS_LOGGER][-1].message)
+    assert (line["input_tokens"], line["output_tokens"]) == (usage["prompt_tokens"], 7)
+    assert line["usage_source"] == "reported"
 
 
 HOSTILE = [

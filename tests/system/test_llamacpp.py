@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import math
+import re
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -168,6 +169,27 @@ async def test_the_sdk_through_sidestream_gets_the_tokens_of_a_direct_request(
     assert span["gen_ai.response.finish_reasons"] == ["length"]
     assert span["gen_ai.response.model"] == ALIAS
     assert span["gen_ai.usage.output_tokens"] == 40
+
+
+async def test_a_client_that_did_not_ask_for_usage_reads_llama_cpps_own_bytes(
+    model: Path, tmp_path: Path
+) -> None:
+    """Under the default `--usage force` (usage asked of llama.cpp for the span), a raw
+    client that did not ask reads through sidestream the bytes llama.cpp sends it directly,
+    its per-request id and timestamp aside (greedy decoding: the same tokens); the access
+    line counts llama.cpp's tokens."""
+    async with running(model, tmp_path) as (llama, sidecar):
+        bodies = []
+        for port in (llama.port, sidecar.port):
+            response = await post_stream(port, chat_body("tell me", 12))
+            bodies.append(await asyncio.wait_for(response.body(), 60))
+            response.close()
+        line = await sidecar.access_line()
+    direct, proxied = (
+        re.sub(rb'"created":\s*\d+', b"", re.sub(rb'"id":\s*"[^"]*"', b"", body)) for body in bodies
+    )
+    assert direct.count(b"data: ") >= 12 and proxied == direct
+    assert line["output_tokens"] == 12 and line["outcome"] == "completed"
 
 
 async def test_access_line_ttft_and_gaps_agree_with_a_raw_client(

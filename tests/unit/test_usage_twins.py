@@ -1,12 +1,13 @@
 """Forced usage's compiled answers (`middleware/_usage.c`) against `middleware.usage`'s own.
 
 The compiled module answers the two JSON questions of forced usage (where to insert
-`stream_options` in a request body; which events of a chunk are the usage chunk) without
-building the JSON's objects, and leaves what lies outside its strict grammar to usage.py
-(ASK). Rule checked here: every answer it gives is the one usage.py gives, on bodies built
-to hit its edges (duplicate and escaped keys, whitespace, non-ASCII and invalid UTF-8,
-numbers, nesting, cut and spliced bytes, newline runs between events); and for plain
-bodies it does answer (a module that always asked would pass the first rule alone).
+`stream_options` in a request body; what a chunk of whole events shows a client that did not
+ask for usage) without building the JSON's objects, and leaves what lies outside its strict
+grammar to usage.py and usage_hide.py (ASK). Rule checked here: every answer it gives is the
+one they give, on bodies built to hit its edges (duplicate and escaped keys, whitespace,
+non-ASCII and invalid UTF-8, numbers, nesting, cut and spliced bytes, newline runs and CRs
+between events); and for plain bodies it does answer (a module that always asked would pass
+the first rule alone).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from middleware import usage
+from middleware import usage, usage_hide
 from tests.support.compiled import built
 from tests.support.fuzzing import examples
 
@@ -39,11 +40,6 @@ def python_only() -> Iterator[None]:
 def python_rewrite(body: bytes) -> bytes | None:
     with python_only():
         return usage.rewrite(body, "force")
-
-
-def python_hide(body: bytes) -> bytes:
-    with python_only():
-        return usage._hide(body, False)
 
 
 # -- request bodies -----------------------------------------------------------------------------
@@ -175,40 +171,61 @@ USAGE_EVENTS = [
     b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}',
     b'data: {"id":"c","choices":[ ],"usage":{}}',
     b'data: { "usage" : {"t":1}, "choices" : [] }',
-    b'data: {"choices":[],"usage":{"t":1},"usage":null}',  # the last one counts: not usage
-    b'data: {"choices":[1],"choices":[],"usage":{}}',  # the last one counts: usage
+    b'data: {"id":"c","usage":{"t":1}}',  # no choices at all: the usage chunk too
+    b'data: {"choices":[],"usage":{"t":1},"usage":null}',  # a member twice: asked
+    b'data: {"choices":[1],"choices":[],"usage":{}}',
     b'data: {"choices":[],"usage":{"t":1}}\r',
     b'data: {"choices":[],"\\u0075sage":{}}',  # an escaped key: asked
     b'data: {"choices":[],"usage":{"t":NaN}}',
     b'data: {"choices":[],"usage":[]}',
     b'data: {"choices":[{}],"usage":{}}',
     b'data:{"choices":[],"usage":{}}',
+    b'data:  {"choices":[],"usage":{}}',
     b'data: {"choices":[],"usage":{}',
     b'data: ["usage"]',
     b'data: {"choices":[],"usage":{"t":"\xff"}}',
     b'event: x\ndata: {"choices":[],"usage":{}}',
+    b'data: {"choices":[],"usage":{}}\ndata: [DONE]',
 ]
 OTHER_EVENTS = [
     b'data: {"id":"c","choices":[{"delta":{"content":"hi"}}]}',
     b'data: {"id":"c","choices":[{"delta":{}}],"usage":null}',
+    b'data: {"id":"c", "usage": null, "choices":[{"delta":{}}]}',
+    b'data: {"usage":null}',
+    b'data: {"a":{"usage":null},"usage" :null }',
+    b'data: {"a":{"b":1,"b":2},"usage":null}',  # a nested key twice: asked
     b'data: {"id":"c","choices":[{"delta":{"content":"\\"usage\\""}}]}',
+    b'data: {"usage":null,}',
     b"data: [DONE]",
+    b"data",
     b": keep-alive",
+    b"id: 3",
     b"",
 ]
 
 
 @st.composite
 def chunks(draw: st.DrawFn) -> bytes:
-    """Events (usage ones among them) joined by blank lines, two newlines or more, the last
-    one whole or cut short."""
+    """Events (usage ones among them) joined by blank lines, two newlines or more, or a CR,
+    the last one whole or cut short."""
     events = draw(st.lists(st.sampled_from(USAGE_EVENTS + OTHER_EVENTS), max_size=5))
     out = b""
     for event in events:
-        out += event + draw(st.sampled_from([b"\n\n", b"\n\n", b"\n\n\n", b"\n\n\n\n", b"\n"]))
+        out += event + draw(st.sampled_from([b"\n\n", b"\n\n", b"\n\n\n", b"\n", b"\r\n\r\n"]))
     if out and draw(st.booleans()):
         out = out[: draw(st.integers(0, len(out)))]
     return out
+
+
+def python_hide(body: bytes) -> tuple[bytes, bool]:
+    """usage_hide.py's edit of `body` at an event boundary, and whether it holds nothing after."""
+    saved, usage_hide._compiled = usage_hide._compiled, None
+    try:
+        hide = usage_hide.HideUsage()
+        out = hide(body)
+    finally:
+        usage_hide._compiled = saved
+    return out, not (hide.block or hide.partial or hide.mid_line or hide.after_cr)
 
 
 @settings(max_examples=examples(3000), deadline=None)
@@ -217,42 +234,43 @@ def chunks(draw: st.DrawFn) -> bytes:
 @example(b'x\n\n\ndata: {"choices":[],"usage":{}}\n\n')
 @example(b'data: {"choices":[],"usage":{}}\n\n\ndata: [DONE]\n\n')
 @example(b'data: {"a":1,"usage":null}\n\ndata: {"choices":[],"usage":{}}')
-def test_a_hidden_chunk_given_is_usage_pys(body: bytes) -> None:
-    """Bytes returned: usage.py's `_hide` returns the same bytes. None: usage.py decides."""
+@example(b'data: {"a":1, "usage" : null }\n\ndata: {"usage":null,"b":[]}\n\n')
+def test_a_hidden_chunk_given_is_usage_hides(body: bytes) -> None:
+    """Bytes returned: usage_hide.py's `HideUsage` makes the same bytes of it, and holds
+    nothing after (the compiled `hide` answers only whole events). None: usage_hide decides."""
     hidden = compiled.hide(body)
     if hidden is not None:
-        assert hidden == python_hide(body)
+        assert (hidden, True) == python_hide(body)
 
 
 def test_a_reply_in_one_read_is_answered_here() -> None:
-    """A one-token reply's whole answer in one read (its token, finish, usage, `[DONE]`):
-    the usage event goes, here, and a chunk without usage is the very object it was."""
+    """A one-token reply's whole answer in one read (its token, finish, usage, `[DONE]`,
+    each with `"usage":null` where the server writes it): the usage event and the null
+    members go, here; a chunk without usage is the very object it was."""
     token = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"7"}}]}\n\n'
     finish = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
     event = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":4,"total_tokens":5}}\n\n'
     done = b"data: [DONE]\n\n"
-    assert compiled.hide(token + finish + event + done) == token + finish + done
+    null = token.replace(b"]}\n", b'],"usage":null}\n') + finish.replace(
+        b"]}\n", b'],"usage":null}\n'
+    )
+    assert compiled.hide(null + event + done) == token + finish + done
     assert compiled.hide(token) is token
-    assert python_hide(token + finish + event + done) == token + finish + done
+    assert python_hide(null + event + done) == (token + finish + done, True)
 
 
-@settings(max_examples=examples(2000), deadline=None)
-@given(chunks())
-@example(b'x\n\n\ndata: {"choices":[],"usage":{}}\n\n')
-def test_looking_only_at_the_events_holding_usage_drops_what_checking_each_drops(
-    body: bytes,
-) -> None:
-    """usage.py itself looks only at the events that hold `"usage"` (`_usage_events_dropped`,
-    the compiled `hide`'s twin): the same bytes as splitting the chunk into its events and
-    checking each (`_by_events`)."""
-    assert python_hide(body) == usage._by_events(body.replace(b',"usage":null', b""), False)
-
-
-def test_what_the_compiled_hide_asks_about_the_edit_decides_in_python() -> None:
-    """A chunk the compiled `hide` leaves to usage.py (here a usage event whose value holds
-    NaN, outside its grammar) is still edited: `HideUsage` hands it to `_hide`."""
-    event = b'data: {"choices":[],"usage":{"t":NaN}}\n\n'
-    chunk = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n' + event + b"data: [DONE]\n\n"
-    assert compiled.hide(chunk) is None
-    assert usage.HideUsage()(chunk) == python_hide(chunk)
-    assert event not in usage.HideUsage()(chunk)  # json reads NaN: a usage event, dropped
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'data: {"choices":[],"usage":{"t":NaN}}\n\n',  # outside the grammar here
+        b'data: {"id":"c"}\r\n\r\n',  # CRLF
+        b'id: 1\ndata: {"usage":null}\n\n',  # a field beside data
+        b'data: {"choices":[{}],"usage":{"t":1}}\n\n',  # usage beside choices
+        b'data: {"usage":null}\n',  # not at an event boundary
+    ],
+)
+def test_what_the_compiled_hide_asks_about_the_edit_decides_in_python(body: bytes) -> None:
+    """A chunk the compiled `hide` leaves to usage_hide.py (outside its grammar or its
+    framing) is still edited: `HideUsage` decides it in Python, as without the module."""
+    assert compiled.hide(body) is None
+    assert usage_hide.HideUsage()(body) == python_hide(body)[0]
