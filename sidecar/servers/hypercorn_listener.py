@@ -14,7 +14,12 @@ from typing import Any
 
 from sidecar.config import Settings
 from sidecar.servers.body_deadline import BodyDeadline
-from sidecar.servers.hypercorn_internals import bound_h2_stream_buffers, h2c_idle_timer
+from sidecar.servers.hypercorn_internals import (
+    bound_h2_stream_buffers,
+    close_in_time,
+    guard_h2_floods,
+    h2c_idle_timer,
+)
 from sidecar.servers.listener import ExitEvent
 
 logger = logging.getLogger("sidestream")
@@ -54,6 +59,11 @@ class HypercornListener(ExitEvent):
         config.h11_max_incomplete_size = settings.max_header_bytes + 1024
         # Above the proxy's own limit, so an oversized header list gets its 431, not a reset.
         config.h2_max_header_list_size = max(2**16, settings.max_header_bytes + 4096)
+        # hypercorn's defaults, named because the flood bounds rest on them: at most 100 apps
+        # run per connection, reset streams included (`hypercorn_internals.guard_h2_floods`),
+        # and a header block h2 buffers is at most 64 CONTINUATION frames of 16 KiB.
+        config.h2_max_concurrent_streams = 100
+        config.h2_max_inbound_frame_size = 2**14
         config.include_server_header = False
         config.include_date_header = False
         config.graceful_timeout = 1.0
@@ -96,6 +106,8 @@ class HypercornListener(ExitEvent):
         self.config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns and closes it
         bound_h2_stream_buffers()
         h2c_idle_timer()
+        guard_h2_floods()
+        close_in_time()
         self.started = True
         app: Any = BodyDeadline(self.app, self.settings.body_timeout)
         await serve(app, self.config, shutdown_trigger=self._exit.wait, mode="asgi")

@@ -7,6 +7,9 @@ that records every `RST_STREAM` it receives with its error code, and answers by 
 `/hold` (headers and one SSE event, then nothing), `/silent` (nothing at all),
 `/firehose/<name>/<bytes>` (SSE as fast as the peer's flow-control window allows, counting
 what it sent in `sent[name]`), anything else (a small 200 body).
+
+`frame`, `client_preface`, `request_block` and `parse_frames` write and read raw frames, for
+peers that break the rules h2 would hold them to (the flood tests).
 """
 
 from __future__ import annotations
@@ -286,3 +289,60 @@ class RecordingUpstream:
             await writer.drain()
         conn.end_stream(stream_id)
         writer.write(conn.data_to_send())
+
+
+# --- raw frames, for peers that break the rules h2 would hold them to ----------------------
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 2, 3, 4, 6, 7, 8
+CONTINUATION = 9
+END_STREAM, END_HEADERS = 0x1, 0x4
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame, as is: no state checks."""
+    return (
+        len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+    )
+
+
+def client_preface() -> bytes:
+    """The h2c prior-knowledge preface and the client's SETTINGS."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    return conn.data_to_send()
+
+
+def request_block(path: str, authority: str = "127.0.0.1") -> bytes:
+    """A GET request's header block that needs no HPACK state (static names, no indexing),
+    so it can be sent any number of times, on any stream."""
+    return (
+        b"\x82\x86"  # :method GET, :scheme http
+        + b"\x04" + bytes([len(path)]) + path.encode()  # :path, literal, not indexed
+        + b"\x01" + bytes([len(authority)]) + authority.encode()  # :authority
+    )  # fmt: skip
+
+
+@dataclass
+class RawFrame:
+    kind: int
+    flags: int
+    stream: int
+    payload: bytes
+
+
+def parse_frames(data: bytes) -> list[RawFrame]:
+    """The whole frames in `data`, in order (a cut-off last one is left out)."""
+    frames, at = [], 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "big")
+        if at + 9 + length > len(data):
+            break
+        stream = int.from_bytes(data[at + 5 : at + 9], "big") & 0x7FFFFFFF
+        frames.append(RawFrame(data[at + 3], data[at + 4], stream, data[at + 9 : at + 9 + length]))
+        at += 9 + length
+    return frames
+
+
+def goaway_codes(data: bytes) -> list[int]:
+    """The error code of each GOAWAY frame in `data`."""
+    return [int.from_bytes(f.payload[4:8], "big") for f in parse_frames(data) if f.kind == GOAWAY]
