@@ -56,8 +56,7 @@ test-fast: $(STAMP) ## Run the unit and asgi tiers only (nothing but .venv; unde
 .PHONY: test-py
 test-py: test-py-$(PY) ## Run the unit, asgi and sockets tiers on another Python, both cores, in .venv-PY: make test-py PY=3.13
 
-# make test-py-3.13: pyenv's newest 3.13.x, else python3.13 on PATH. `make -j2 -O test-py-3.12
-# test-py-3.13` runs two at once (the sockets tier mostly waits on timers).
+# make test-py-3.13: pyenv's newest 3.13.x, else python3.13 on PATH.
 test-py-%: .venv-%/.installed
 	.venv-$*/bin/pytest $(PY_TIERS) $(PYTEST_ARGS)
 	SIDESTREAM_NO_EXTENSIONS=1 .venv-$*/bin/pytest $(PY_TIERS) $(PYTEST_ARGS)
@@ -73,7 +72,7 @@ test-py-%: .venv-%/.installed
 	@touch $@
 
 .PHONY: sanitize
-sanitize: $(STAMP) ## Build every C extension with ASan + UBSan (in build/sanitize) and run the twin tests and the differential fuzz on it. SIDESTREAM_FUZZ_SCALE=10
+sanitize: $(STAMP) ## Build every C extension with ASan + UBSan (in build/sanitize) and run the twin tests and the differential fuzz on it. SIDESTREAM_FUZZ_SCALE=3
 	$(BIN)/python -m tests.support.sanitize
 
 .PHONY: soak

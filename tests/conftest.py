@@ -9,7 +9,9 @@
   kubectl, atheris, the soak, h2load, llama.cpp's server).
 
 Helpers shared by the tiers (and by `bench/`) live in `tests/support/`. `pytest -m "unit or
-asgi"` (or `make test-fast`) runs the two quick tiers.
+asgi"` (or `make test-fast`) runs the two quick tiers, which need nothing but `.venv`; the
+sockets tier also runs redis-server, the system tier the rest. `make test-deps` installs them,
+and a test whose program is missing fails naming it (`tests/support/tools.py`), never skips.
 """
 
 from __future__ import annotations
