@@ -348,7 +348,10 @@ async def test_a_control_frame_flood_from_a_client_that_never_reads_is_ended(
 ) -> None:
     """Rule: a client that sends PING (or SETTINGS) frames without end and never reads the
     ACKs is sent GOAWAY(ENHANCE_YOUR_CALM) past CONTROL_FRAME_LIMIT frames in the window and
-    closed; the ACKs it left unread cost bounded memory."""
+    closed; the ACKs it left unread cost bounded memory. The GOAWAY is queued behind the ACKs
+    the client never read, so it reaches the client only when the kernel's buffers let it
+    before the close is cut short (`CLOSE_GRACE`): what does arrive is that GOAWAY and no
+    other (the limit itself, exactly, is `test_h2_floods_unit`'s)."""
     counting, _ = upstream
     peer = await under_attack(sidecar, counting, lambda port: never_reading(port, CONTROL[kind]))
-    assert peer.closed and goaway_codes(peer.received) == [CALM]
+    assert peer.closed and goaway_codes(peer.received) in ([CALM], []), peer.received[-64:]
