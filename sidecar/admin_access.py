@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
-import stat
 from typing import Any
+
+from sidecar.settings_values import small_file
 
 TOKEN_MIN = 16  # characters: a shorter token could be guessed over the network
 TOKEN_MAX = 4096  # bytes read from the file: a token, not a document
@@ -48,16 +48,7 @@ class AdminToken:
 def token_file(path: str) -> AdminToken:
     """The token in the file at `path`, surrounding whitespace (a trailing newline) removed:
     16 to 4096 visible ASCII characters. A ValueError names the problem, never the token."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the start for good
-            raise ValueError(f"{path!r} is not a regular file")
-        with open(path, "rb") as file:
-            data = file.read(TOKEN_MAX + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path!r}: {exc.strerror or exc}") from None
-    if len(data) > TOKEN_MAX:
-        raise ValueError(f"{path!r} holds more than {TOKEN_MAX} bytes; expected one token")
-    token = data.strip()
+    token = small_file(path, TOKEN_MAX, "token").strip()
     if not token:
         raise ValueError(f"{path!r} is empty; expected a token (e.g. `openssl rand -hex 32`)")
     bad = next((i for i, byte in enumerate(token) if not 0x21 <= byte <= 0x7E), None)

@@ -13,10 +13,10 @@ file, and `FileSecret` shows its path only.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from typing import Any
+
+from sidecar.settings_values import small_file
 
 FILE_MAX = 4096  # bytes read from a secret or password file: a value, not a document
 # A header name is an RFC 9110 token; lower-case, as ASGI servers hand headers on.
@@ -36,19 +36,6 @@ class FileSecret:
         return f"FileSecret(from {self.source!r})"
 
 
-def _read(path: str) -> bytes:
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the start for good
-            raise ValueError(f"{path!r} is not a regular file")
-        with open(path, "rb") as file:
-            data = file.read(FILE_MAX + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path!r}: {exc.strerror or exc}") from None
-    if len(data) > FILE_MAX:
-        raise ValueError(f"{path!r} holds more than {FILE_MAX} bytes; expected one value")
-    return data
-
-
 def resume_store(value: str) -> str:
     """`memory`, or a Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB] (rediss:// with TLS),
     read by redis-py. An error shows the URL without its password."""
@@ -66,7 +53,7 @@ def secret_file(path: str) -> FileSecret:
     """The file's bytes, surrounding whitespace (a trailing newline) removed: 16 at least."""
     from middleware.resume.ids import MIN_SECRET_BYTES
 
-    secret = _read(path).strip()
+    secret = small_file(path, FILE_MAX).strip()
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(
             f"the secret in {path!r} is shorter than {MIN_SECRET_BYTES} bytes "
@@ -77,7 +64,7 @@ def secret_file(path: str) -> FileSecret:
 
 def password_file(path: str) -> FileSecret:
     """The file's one line, UTF-8, without its line end (spaces are the password's own)."""
-    password = _read(path).rstrip(b"\r\n")
+    password = small_file(path, FILE_MAX).rstrip(b"\r\n")
     if not password or b"\n" in password or b"\r" in password:
         raise ValueError(f"{path!r}: expected the password alone on one line")
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import ssl
+import stat
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -158,3 +159,19 @@ def telemetry_sinks(value: str) -> frozenset[str]:
         known = ", ".join(sorted(SINKS))
         expected = f"sink names from {known}, separated by commas, or none"
         raise ValueError(f"expected {expected}; got {value!r}") from None
+
+
+def small_file(path: str, limit: int, what: str = "value") -> bytes:
+    """The bytes of the file at `path` that holds one secret `what`, at most `limit` of them.
+    A regular file only: a FIFO would block the start for good. A ValueError names the file
+    and the problem, never the content."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"{path!r} is not a regular file")
+        with open(path, "rb") as file:
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ValueError(f"{path!r} holds more than {limit} bytes; expected one {what}")
+    return data
