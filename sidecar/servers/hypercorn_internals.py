@@ -104,6 +104,20 @@ def checked(version: str | None = None) -> bool:
     )
 
 
+def gate_open(lost: str) -> bool:
+    """Whether the installed hypercorn is a checked release; else one warning line saying
+    what a patch's absence leaves (`lost`), and False: each patch asks once, when applied."""
+    if checked():
+        return True
+    logger.warning(
+        "hypercorn %s is not a release sidestream was checked against (%s): %s",
+        installed(),
+        ", ".join(CHECKED),
+        lost,
+    )
+    return False
+
+
 def bound_h2_stream_buffers() -> bool:
     """Make hypercorn's per-stream HTTP/2 send buffer hold a writer back (idempotent); False
     when the gate says no and hypercorn's own buffer stays (logged).
@@ -118,13 +132,9 @@ def bound_h2_stream_buffers() -> bool:
 
     if getattr(hyper_h2.StreamBuffer, "sidestream_bounded", False):
         return True
-    if not checked():
-        logger.warning(
-            "hypercorn %s is not a release sidestream was checked against (%s): its HTTP/2 "
-            "send buffer is left as is, so a slow HTTP/2 client does not pause its upstream",
-            installed(),
-            ", ".join(CHECKED),
-        )
+    if not gate_open(
+        "its HTTP/2 send buffer is left as is, so a slow HTTP/2 client does not pause its upstream"
+    ):
         return False
     low_water = hyper_h2.BUFFER_LOW_WATER
 
@@ -154,13 +164,7 @@ def h2c_idle_timer() -> bool:
 
     if getattr(ProtocolWrapper, "sidestream_h2c_idle", False):
         return True
-    if not checked():
-        logger.warning(
-            "hypercorn %s is not a release sidestream was checked against (%s): an h2c "
-            "connection (prior knowledge) gets no --header-timeout",
-            installed(),
-            ", ".join(CHECKED),
-        )
+    if not gate_open("an h2c connection (prior knowledge) gets no --header-timeout"):
         return False
     handle = ProtocolWrapper.handle
 
@@ -269,13 +273,7 @@ def guard_h2_floods() -> bool:
 
     if getattr(H2Protocol, "sidestream_guarded", False):
         return True
-    if not checked():
-        logger.warning(
-            "hypercorn %s is not a release sidestream was checked against (%s): HTTP/2 "
-            "connections get no bound on rapid resets or PING/SETTINGS floods",
-            installed(),
-            ", ".join(CHECKED),
-        )
+    if not gate_open("HTTP/2 connections get no bound on rapid resets or PING/SETTINGS floods"):
         return False
     init, handle_events = H2Protocol.__init__, H2Protocol._handle_events
 
@@ -326,13 +324,9 @@ def close_in_time() -> bool:
 
     if getattr(TCPServer, "sidestream_close_in_time", False):
         return True
-    if not checked():
-        logger.warning(
-            "hypercorn %s is not a release sidestream was checked against (%s): a connection "
-            "whose peer reads nothing may stay open after hypercorn closes it",
-            installed(),
-            ", ".join(CHECKED),
-        )
+    if not gate_open(
+        "a connection whose peer reads nothing may stay open after hypercorn closes it"
+    ):
         return False
     close, initiate_close = TCPServer._close, TCPServer._initiate_server_close
 
