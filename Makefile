@@ -10,6 +10,9 @@ SRC := middleware sidecar tests $(wildcard bench)
 # The tiers `make test-py` runs on another Python (the system tier runs on $(PYTHON)).
 PY ?= 3.12
 PY_TIERS := tests/unit tests/asgi tests/sockets
+# `make sanitize` builds in place with the venv's own setuptools, and a new venv's bundled one
+# (65 on 3.11) cannot read pyproject's SPDX `license`: the same floor as [build-system].
+BUILD_TOOLS := 'setuptools>=77'
 # llama.cpp for the `llamacpp` extra: PyPI has no Linux wheel, so pip compiles it, about
 # 5 min on two shared cores, at the lowest priority so the machine's other work goes on.
 # pip's wheel cache (~/.cache/pip) keeps the build of the pinned release: later installs take
@@ -24,7 +27,7 @@ help: ## Show this help.
 
 $(STAMP): pyproject.toml setup.py $(CORE_C)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip $(BUILD_TOOLS)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
@@ -67,7 +70,7 @@ test-py-%: .venv-%/.installed
 	[ -x "$$py" ] || py=$$(command -v python$*) || { \
 	  echo "make: no Python $* here: \`pyenv install $*\` installs it" >&2; exit 1; }; \
 	echo "$$py -m venv .venv-$*"; "$$py" -m venv .venv-$*
-	.venv-$*/bin/pip install --quiet --upgrade pip
+	.venv-$*/bin/pip install --quiet --upgrade pip $(BUILD_TOOLS)
 	.venv-$*/bin/pip install --quiet -e '.[dev]'
 	@touch $@
 
