@@ -33,13 +33,19 @@ from middleware.errors import (
     StreamError,
     UpstreamError,
 )
-from middleware.framing import Inflater, error_response, guarded, stream_headers, terminal_event
 from middleware.offer import drop_slow_client, offer_of, take_offer
 from middleware.phases import DONE, HEADERS, PLAIN, START
 from middleware.receiver import Receiver
 from middleware.registry import StreamRegistry
 from middleware.relay import Relay
 from middleware.sse import LineState, SSEScanner
+from middleware.stream_response import (
+    Inflater,
+    error_response,
+    guarded,
+    stream_headers,
+    terminal_event,
+)
 from middleware.types import ASGIApp, Message, Receive, Scope, Send
 from middleware.usage import BODY_LIMIT
 
@@ -82,7 +88,7 @@ class Resumable(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class GuardSettings:
     """What a cycle needs of its guard: the app, the timeouts, the stream types, the registry,
     resume (None: off)."""
 
@@ -126,7 +132,7 @@ class Cycle(Relay):
         "timers",
     )
 
-    def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, settings: GuardSettings, scope: Scope, receive: Receive, send: Send) -> None:
         self.settings = settings
         self.scope = scope
         receiver = Receiver(receive, self._client_left)

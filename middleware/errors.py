@@ -78,7 +78,7 @@ class UpstreamProtocolError(UpstreamError):
 
 class CompressionRatioExceeded(UpstreamError):
     """A compressed body that inflates past the ratio no stream reaches (a bomb):
-    `framing.INFLATE_MAX_RATIO`."""
+    `stream_response.INFLATE_MAX_RATIO`."""
 
     code = "compression_ratio_exceeded"
     default_message = "the upstream's compressed body inflates past the ratio limit"

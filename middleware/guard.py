@@ -35,11 +35,11 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
-from middleware.cycle import Cycle, Resumer, Settings
+from middleware.cycle import Cycle, GuardSettings, Resumer
 from middleware.deadlines import Timeouts
 from middleware.errors import Draining, ShuttingDown, TooManyStreams
-from middleware.framing import error_response
 from middleware.registry import StreamRegistry
+from middleware.stream_response import error_response
 from middleware.types import ASGIApp, Message, Receive, Scope, Send
 from middleware.usage import MODES
 
@@ -111,7 +111,7 @@ class StreamGuard:
             resume = MemoryResume(keepalive=keepalive_interval)
         # None: off, no edit and nothing per chunk (middleware.resume)
         self.resume: Resume | None = None if isinstance(resume, bool) else resume
-        self.settings = Settings(
+        self.settings = GuardSettings(
             app=app,
             timeouts=self.timeouts,
             content_types=frozenset(t.lower().encode() for t in content_types),

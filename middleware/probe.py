@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from time import monotonic
 
-from middleware.framing import error_response
+from middleware.stream_response import error_response
 from middleware.types import Receive, Scope, Send
 
 PROBE_PATH = "/sidestream/v1/probe"

@@ -174,7 +174,7 @@ class Relay(RelayCore):
                     self.sending_since = None
 
     async def _inflate(self, body: bytes, more: bool) -> None:
-        """A compressed chunk, inflated in pieces of at most `framing.INFLATE_STEP`, each
+        """A compressed chunk, inflated in pieces of at most `stream_response.INFLATE_STEP`, each
         relayed by `send` as a chunk of its own (`inflating`: taken as it is there); the next
         is made only once the last was written, so a reader that takes nothing leaves the rest
         compressed, however much it inflates to. A loop turn between pieces, as between

@@ -55,8 +55,8 @@ class Edit(Protocol):
 
 
 class Decoder(Protocol):
-    """A compressed body's decoder (`framing.Inflater`). Declared here, not imported: the
-    dialects, which `framing` imports, take `Frame` from `speedups`, which imports this."""
+    """A compressed body's decoder (`stream_response.Inflater`). Declared here, not imported: the
+    dialects, which `stream_response` imports, take `Frame` from `speedups`, which imports this."""
 
     def decompress(self, data: bytes) -> bytes:
         """The first bounded piece of what `data` inflates to."""

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from middleware.dialects import select
 from middleware.errors import Cancelled, Outcome, StreamError
-from middleware.framing import terminal_event
 from middleware.phases import Phase
 from middleware.resume.stamper import Stamper
 from middleware.resume.store import ProducerLog
 from middleware.sse import LineState
+from middleware.stream_response import terminal_event
 from middleware.types import Message
 
 if TYPE_CHECKING:

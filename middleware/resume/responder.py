@@ -20,10 +20,10 @@ import json
 import urllib.parse
 from typing import Any, Protocol
 
-from middleware.framing import error_response
 from middleware.resume.ids import InvalidEventId, parse_after, parse_event_id, valid_stream_id
 from middleware.resume.producer import Producer
 from middleware.resume.store import Reader, ResumeError, Store, StoreUnavailable, StreamNotFound
+from middleware.stream_response import error_response
 from middleware.types import Receive, Scope, Send
 
 PREFIX = "/sidestream/v1/streams/"

@@ -7,7 +7,8 @@ imports this package: a `Telemetry` supplies the cycle class the guard runs each
 telemetry-aware cycle), `record` (one request's state), `answer` (a response that is not a
 stream, as it passes: a GenAI call's usage), `kinds` (what a request was: a stream, a GenAI
 call, other traffic), `finish` (its end: a `summary.Summary` handed to the `sinks`: `span`,
-`metrics`, `access`), `gaps`, `metrics`, `prometheus`, `access_log`, `content`,
+`metrics`, `access`), `gaps`, `instruments` (the per-stream instruments, aggregated here),
+`prometheus`, `access_handler` (the access lines' batched writer), `content`,
 `semconv` (every attribute and metric name), `direct`, `otlp_encoder` and `otlp` (the span
 fast path), `otel_sdk` (every use of OpenTelemetry's private internals, version-gated).
 """

@@ -24,7 +24,7 @@ import math
 from operator import sub
 
 from middleware.telemetry import semconv
-from middleware.telemetry.metrics import Key, LocalHistogram
+from middleware.telemetry.instruments import Key, LocalHistogram
 
 SUB = 8  # log buckets per octave
 # Upper bounds: bucket i holds (BOUNDS[i-1], BOUNDS[i]], as OTel's explicit buckets do; the

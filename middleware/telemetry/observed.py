@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from middleware.cycle import Cycle, Settings
+from middleware.cycle import Cycle, GuardSettings
 from middleware.dialects import StreamStats, sniff
 from middleware.errors import StreamError
 from middleware.phases import PLAIN, START
@@ -50,7 +50,7 @@ class ObservedCycle(Cycle):
 
     times_kept = TIMES_KEPT  # the core's token path folds `times` where `Gaps.add` would
 
-    def __init__(self, settings: Settings, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, settings: GuardSettings, scope: Scope, receive: Receive, send: Send) -> None:
         super().__init__(settings, scope, receive, send)
         self.record = record = StreamRecord(self.telemetry, scope, self.started)
         if record.genai is not None:

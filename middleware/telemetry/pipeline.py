@@ -15,8 +15,8 @@ Deliberate choices (do not "fix" these):
   install without a collector. With no trace exporter no spans are made at all; metrics and
   the access log still work (Prometheus text is always there).
 - The per-stream instruments are not SDK instruments: they are aggregated here
-  (`metrics`, and `gaps` for `time_per_output_chunk`) and added to every
-  collection and export by `metrics.WithLocal` and `metrics()`. Only the active-streams gauge, an
+  (`instruments`, and `gaps` for `time_per_output_chunk`) and added to every
+  collection and export by `instruments.WithLocal` and `metrics()`. Only the active-streams gauge, an
   observable read at collection, is the SDK's own.
 - `from_env` makes direct spans (`direct`), not SDK `Span` objects: the same exported span
   for a fraction of the CPU; code inside the guard cannot add to it. Where the installed
@@ -59,11 +59,11 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from middleware.registry import StreamRegistry
 from middleware.telemetry import otel_sdk, semconv
-from middleware.telemetry.access_log import configure_access_log
+from middleware.telemetry.access_handler import configure_access_log
 from middleware.telemetry.direct import DirectSpans
 from middleware.telemetry.gaps import ChunkHistogram
+from middleware.telemetry.instruments import LocalCounter, LocalHistogram, WithLocal
 from middleware.telemetry.kinds import streams_in
-from middleware.telemetry.metrics import LocalCounter, LocalHistogram, WithLocal
 from middleware.telemetry.prometheus import CONTENT_TYPE, exposition
 from middleware.telemetry.sinks import ACCESS_ALL, SINKS, chosen_sinks, parse_sinks, parse_switch
 from middleware.telemetry.sinks.access import AccessSink
@@ -317,7 +317,7 @@ class Pipeline:
         return [*found, *self.local_metrics()]
 
     def local_metrics(self) -> list[Metric]:
-        """The metrics aggregated here (`metrics`), as collected now."""
+        """The metrics aggregated here (`instruments`), as collected now."""
         now = time.time_ns()
         return [m for m in (local.metric(now) for local in self._local) if m is not None]
 

@@ -75,7 +75,7 @@ class Cycle(Protocol):
     def stream_stats(self) -> StreamStats | None: ...
 
 
-class Settings(Protocol):
+class TelemetryView(Protocol):
     """What a stream's end reads from its `Telemetry`."""
 
     @property
@@ -91,7 +91,7 @@ class Record(Protocol):
     an import, because the record module imports the end (`finish`) and so this module."""
 
     @property
-    def telemetry(self) -> Settings: ...
+    def telemetry(self) -> TelemetryView: ...
     @property
     def t0(self) -> float: ...
     @property

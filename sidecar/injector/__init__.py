@@ -12,13 +12,13 @@ drain budget in their own modules). The decisions are pure functions (`parse_set
 from sidecar.injector.app import InjectorApp, InvalidPolicy
 from sidecar.injector.drain import required_grace_period
 from sidecar.injector.patch import build_patch
-from sidecar.injector.settings import InvalidAnnotation, Settings, parse_settings
+from sidecar.injector.settings import InjectorSettings, InvalidAnnotation, parse_settings
 
 __all__ = [
     "InjectorApp",
+    "InjectorSettings",
     "InvalidAnnotation",
     "InvalidPolicy",
-    "Settings",
     "build_patch",
     "parse_settings",
     "required_grace_period",

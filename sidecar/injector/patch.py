@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.injector.drain import model_hold, model_hook, required_grace_period, sidecar_hook
-from sidecar.injector.settings import STATUS_ANNOTATION, Settings
+from sidecar.injector.settings import STATUS_ANNOTATION, InjectorSettings
 
 JSON = dict[str, Any]
 
@@ -39,7 +39,7 @@ def already_injected(pod: JSON) -> bool:
     return annotations.get(STATUS_ANNOTATION) in DONE
 
 
-def conflicts(pod: JSON, settings: Settings) -> list[str]:
+def conflicts(pod: JSON, settings: InjectorSettings) -> list[str]:
     """Ports or port names in the pod that the sidecar would collide with."""
     spec = pod.get("spec") or {}
     ours = {settings.listen_port, settings.admin_port}
@@ -58,7 +58,7 @@ def conflicts(pod: JSON, settings: Settings) -> list[str]:
     return problems
 
 
-def sidecar_container(settings: Settings, workload: str | None = None) -> JSON:
+def sidecar_container(settings: InjectorSettings, workload: str | None = None) -> JSON:
     """The sidecar container, native (an init container with restartPolicy Always) or classic.
     `workload` is the service name telemetry reports (see `workload.workload_name`)."""
     native = settings.mode == "native"
@@ -102,7 +102,7 @@ def tmp_volume() -> JSON:
 
 
 def build_patch(
-    pod: JSON, settings: Settings, workload: str | None = None
+    pod: JSON, settings: InjectorSettings, workload: str | None = None
 ) -> tuple[list[JSON], list[str]]:
     """The JSONPatch operations that inject the sidecar, and warnings for the user."""
     ops = status_ops(pod, "injected")

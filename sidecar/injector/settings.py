@@ -86,7 +86,7 @@ class InvalidAnnotation(ValueError):
 
 
 @dataclass(frozen=True)
-class Settings:
+class InjectorSettings:
     upstream_port: int
     listen_port: int = 8080
     admin_port: int = 9901
@@ -137,7 +137,7 @@ class Settings:
 
 def parse_settings(
     annotations: dict[str, str], default_image: str = DEFAULT_IMAGE
-) -> tuple[Settings, list[str]]:
+) -> tuple[InjectorSettings, list[str]]:
     """Return the settings and warnings for these annotations, or raise InvalidAnnotation."""
     ours = {k[len(PREFIX) :]: v for k, v in annotations.items() if k.startswith(PREFIX)}
     problems: list[str] = []
@@ -210,7 +210,7 @@ def parse_settings(
 
     if problems or upstream is None:
         raise InvalidAnnotation(problems)
-    settings = Settings(
+    settings = InjectorSettings(
         upstream_port=upstream,
         listen_port=listen,
         admin_port=admin,

@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 
 from sidecar.injector import (
     InjectorApp,
-    Settings,
+    InjectorSettings,
     build_patch,
     parse_settings,
     required_grace_period,
@@ -224,7 +224,7 @@ async def test_missing_parents_are_created_before_appending() -> None:
 def test_missing_annotations_are_created_and_slash_escaped() -> None:
     """No metadata.annotations: add it as {} first; the key's `/` is written `~1`."""
     pod: JSON = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "m", "image": "m"}]}}
-    ops, _ = build_patch(pod, Settings(upstream_port=8000))
+    ops, _ = build_patch(pod, InjectorSettings(upstream_port=8000))
     assert ops[0] == {"op": "add", "path": "/metadata/annotations", "value": {}}
     assert ops[1] == {
         "op": "add",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from middleware.framing import INFLATE_RATIO_AFTER, INFLATE_STEP
 from middleware.speedups import DISABLE
+from middleware.stream_response import INFLATE_RATIO_AFTER, INFLATE_STEP
 from tests.support.clients import request
 from tests.support.procs import Child, get
 from tests.support.sseparse import parse

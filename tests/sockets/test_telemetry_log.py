@@ -1,4 +1,4 @@
-"""The access log's handler (`middleware.telemetry.access_log`): lines gathered, none lost, order kept."""
+"""The access log's handler (`middleware.telemetry.access_handler`): lines gathered, none lost, order kept."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from middleware.telemetry import Telemetry, configure_access_log, semconv
-from middleware.telemetry.access_log import AccessLogHandler, sole
+from middleware.telemetry.access_handler import AccessLogHandler, sole
 from tests.sockets.test_telemetry_metrics import STREAM, run_streams
 
 

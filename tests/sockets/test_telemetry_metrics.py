@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanKind
 from middleware.guard import StreamGuard
 from middleware.registry import StreamRegistry
 from middleware.telemetry import Telemetry, prometheus_text, semconv
-from middleware.telemetry.metrics import LocalCounter, LocalHistogram, series
+from middleware.telemetry.instruments import LocalCounter, LocalHistogram, series
 from middleware.telemetry.prometheus import metric_name
 from middleware.telemetry.sinks import SINKS
 from tests.support import clients

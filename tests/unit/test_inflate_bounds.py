@@ -1,4 +1,4 @@
-"""Bounded inflation: `framing.Inflater` hands a compressed body out in bounded pieces and
+"""Bounded inflation: `stream_response.Inflater` hands a compressed body out in bounded pieces and
 refuses a compression bomb; the guard relays the pieces one by one and ends a bomb's stream
 with a terminal `upstream_error` event (issue 56, item 3)."""
 
@@ -17,8 +17,13 @@ from middleware.errors import (
     UpstreamError,
     UpstreamProtocolError,
 )
-from middleware.framing import INFLATE_MAX_RATIO, INFLATE_RATIO_AFTER, INFLATE_STEP, Inflater
 from middleware.guard import StreamGuard
+from middleware.stream_response import (
+    INFLATE_MAX_RATIO,
+    INFLATE_RATIO_AFTER,
+    INFLATE_STEP,
+    Inflater,
+)
 from middleware.types import Message
 from tests.support.apps import ROLE, SCOPE, SSE_HEADERS, chunk, scripted
 from tests.support.faulty import record_outcomes

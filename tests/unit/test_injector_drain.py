@@ -9,7 +9,7 @@ import re
 import pytest
 
 from sidecar.app import DRAIN_GRACE_SECONDS
-from sidecar.injector import Settings, required_grace_period
+from sidecar.injector import InjectorSettings, required_grace_period
 from sidecar.injector.drain import (
     ENDPOINT_PROPAGATION,
     MODEL_SHUTDOWN,
@@ -51,7 +51,7 @@ def test_the_hooks_need_nothing_in_the_model_image() -> None:
 def test_the_injected_pod_carries_the_budget(mode: Mode, drain: float) -> None:
     """Rule: the patch gives the sidecar its hook, every other container the hold for this
     drain-timeout, and a grace period of at least the budget (raised, never lowered)."""
-    settings = Settings(upstream_port=8000, drain_timeout=drain, mode=mode)
+    settings = InjectorSettings(upstream_port=8000, drain_timeout=drain, mode=mode)
     native = mode == "native"
     for grace in (None, 5, 10_000):
         pod = {

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from sidecar.config import FLAGS
-from sidecar.injector import InvalidAnnotation, Settings, parse_settings
+from sidecar.injector import InjectorSettings, InvalidAnnotation, parse_settings
 from sidecar.injector.patch import sidecar_container
 from sidecar.injector.sizing import (
     BASE_MEMORY,
@@ -23,7 +23,7 @@ from sidecar.injector.sizing import (
 P = "sidestream.dev/"
 
 
-def settings_for(**annotations: str) -> tuple[Settings, dict[str, str]]:
+def settings_for(**annotations: str) -> tuple[InjectorSettings, dict[str, str]]:
     """Parse `upstream-port: 8000` plus `annotations` (underscores for dashes); return the
     settings and the sidecar's literal env."""
     ours = {P + "upstream-port": "8000"}

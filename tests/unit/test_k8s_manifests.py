@@ -18,7 +18,7 @@ import yaml
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from sidecar.injector import Settings, required_grace_period
+from sidecar.injector import InjectorSettings, required_grace_period
 from sidecar.injector.drain import ENDPOINT_PROPAGATION, model_hold, model_hook, sidecar_hook
 from sidecar.injector.patch import ADMIN_PORT_NAME, PORT_NAME, sidecar_container
 
@@ -247,7 +247,7 @@ def test_base_sidecar_is_what_the_injector_injects() -> None:
     8000, so the two ways to adopt sidestream cannot drift apart."""
     [deployment] = resources("base/deployment.yaml")
     [sidecar] = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert sidecar == sidecar_container(Settings(upstream_port=8000))
+    assert sidecar == sidecar_container(InjectorSettings(upstream_port=8000))
 
 
 def all_deployments() -> list[tuple[str, JSON]]:

@@ -19,7 +19,7 @@ CORE = (
     "middleware.receiver",
     "middleware.deadlines",
     "middleware.phases",
-    "middleware.framing",
+    "middleware.stream_response",
     "middleware.sse",
     "middleware.errors",
     "middleware.registry",

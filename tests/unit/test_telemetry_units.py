@@ -27,7 +27,7 @@ from middleware.sse import Event
 from middleware.telemetry import semconv
 from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
 from middleware.telemetry.gaps import BOUNDS, ChunkHistogram, Gaps
-from middleware.telemetry.metrics import series
+from middleware.telemetry.instruments import series
 
 
 def ev(data: str, event: str = "message") -> Event:

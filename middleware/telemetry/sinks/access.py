@@ -4,7 +4,7 @@ For streams and GenAI calls (`kinds`); other traffic only with `Telemetry(access
 The line's keys are written once, here, and its values by `%` (json.dumps would escape every
 key again for every stream): strings through json's own escaping (`_text`), numbers as `_int`
 and `_ms` write them. Where `configure_access_log`'s handler is the logger's only way out
-(`access_log.sole`) the line goes to it directly, without a `LogRecord`.
+(`access_handler.sole`) the line goes to it directly, without a `LogRecord`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from middleware.telemetry import semconv
-from middleware.telemetry.access_log import sole
+from middleware.telemetry.access_handler import sole
 from middleware.telemetry.kinds import OTHER
 
 if TYPE_CHECKING:

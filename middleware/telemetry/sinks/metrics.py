@@ -5,7 +5,7 @@ by type, and for a streamed one the time to first chunk and the gaps between chu
 at once, `gaps.ChunkHistogram`). For a stream (`kinds.STREAM`) alone: streams and
 cancellations by outcome, keep-alives, and how long a cancelled stream took to stop. Other
 traffic (a CORS preflight, a model listing, a health probe) records nothing. The instruments
-are `Telemetry`'s (`metrics.LocalHistogram`, `LocalCounter`), which every collection and
+are `Telemetry`'s (`instruments.LocalHistogram`, `LocalCounter`), which every collection and
 export reads.
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from middleware.errors import Outcome
 from middleware.telemetry import semconv
+from middleware.telemetry.instruments import Key, LocalCounter, LocalHistogram, series
 from middleware.telemetry.kinds import STREAM
-from middleware.telemetry.metrics import Key, LocalCounter, LocalHistogram, series
 from middleware.telemetry.summary import FAILURE_VALUES
 
 if TYPE_CHECKING:

@@ -98,7 +98,7 @@ def sole(log: logging.Logger) -> AccessLogHandler | None:
 
 def configure_access_log(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
     """Send the access log (one JSON object per line, nothing around it) to `stream`, each
-    line within a quarter second (`access_log.AccessLogHandler`)."""
+    line within a quarter second (`access_handler.AccessLogHandler`)."""
     log = logging.getLogger(semconv.ACCESS_LOGGER)
     handler = AccessLogHandler(stream or sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -1,11 +1,11 @@
-"""Unit tests for the stream's header rules in `middleware.framing` (pure functions)."""
+"""Unit tests for the stream's header rules in `middleware.stream_response` (pure functions)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middleware import framing
+from middleware import stream_response
 
 _NAMES = [
     b"Content-Type", b"content-type", b"Content-Encoding", b"content-length",
@@ -36,8 +36,8 @@ def test_stream_header_rules_read_each_header_in_turn(
     guard sets (and Content-Encoding when it decodes), then the guard's two: Cache-Control the
     app's directives with no-transform added (no-cache, no-transform where it gave none).
     Both read the names `guarded` reads once and hands on."""
-    names = framing.lower_names(headers)
-    assert framing.media_type(headers, names) == _plain_media_type(headers)
+    names = stream_response.lower_names(headers)
+    assert stream_response.media_type(headers, names) == _plain_media_type(headers)
     dropped = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive"}
     dropped |= {b"proxy-connection", b"te", b"trailer", b"upgrade", b"cache-control"}
     dropped |= {b"x-accel-buffering"} | ({b"content-encoding"} if decode else set())
@@ -47,9 +47,9 @@ def test_stream_header_rules_read_each_header_in_turn(
     if b"no-transform" not in [d.lower() for d in directives]:
         directives.append(b"no-transform")
     added = [(b"cache-control", b", ".join(directives)), (b"x-accel-buffering", b"no")]
-    assert framing.stream_headers(headers, decode=decode, names=names) == [
+    assert stream_response.stream_headers(headers, decode=decode, names=names) == [
         *kept,
-        *(added if given else framing.STREAM_HEADERS),
+        *(added if given else stream_response.STREAM_HEADERS),
     ]
-    found = framing.guarded(headers, 200, "POST", frozenset({b"text/event-stream"}))
+    found = stream_response.guarded(headers, 200, "POST", frozenset({b"text/event-stream"}))
     assert found is None or found[2] == names
