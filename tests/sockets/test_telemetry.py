@@ -181,7 +181,10 @@ async def test_completed_stream_has_one_span_with_genai_http_and_sidestream_attr
     assert a[semconv.USER_AGENT_ORIGINAL] == "telemetry-test/1.0"
     assert a[semconv.OUTCOME] == "completed"
     assert a[semconv.BYTES] == len(raw)
-    assert a[semconv.CHUNKS] >= 20  # type: ignore[operator]
+    # Chunks are the upstream's reads, each relayed as it came: more than one (the first token
+    # comes 50 ms before the rest), no more than the events written (a loaded machine may
+    # read two writes at once, so not one per token).
+    assert 2 <= a[semconv.CHUNKS] <= raw.count(b"\n\n")  # type: ignore[operator]
     assert a[semconv.KEEPALIVES] == 0
     assert 0.04 < a[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] < 1.0  # type: ignore[operator]
     assert 0 < a[semconv.GAP_P50] <= a[semconv.GAP_P99] <= a[semconv.GAP_MAX]  # type: ignore[operator]
