@@ -3,7 +3,12 @@
 # (`python -m sidecar.injector`, see k8s/injector). Built from the wheel, as users install
 # it: the build stage, which has a C compiler, makes sidestream's wheel with the compiled core
 # in it; the install stage, which has none, installs that wheel into a virtualenv; the final
-# stage gets only that virtualenv: no compiler, no pip, no wheel files.
+# stage gets only that virtualenv: no compiler, no pip, no wheel files. The dependencies are
+# the ones deploy/image.lock pins (`make lock`), installed by deploy/image-install.sh.
+#
+# The base, by tag until it is pinned by digest (python:3.11-slim-bookworm@sha256:...), so
+# that a rebuild starts from the same layers. Its Python stays 3.11, the one
+# tests/system/test_image_install.py installs the lock on.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -19,14 +24,11 @@ RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS install
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# Dependencies as wheels only (uvloop, httptools and friends ship manylinux wheels): a
-# missing wheel fails the build here instead of silently needing a compiler. setup.py goes
-# on without the compiled core where it cannot build it: the version line must name it.
+# The locked dependencies (hash-checked wheels only), then the wheel without dependencies;
+# fails unless `pip check` passes and the version line names the compiled core.
+COPY deploy/image.lock deploy/image-install.sh /deploy/
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --only-binary=:all: /wheels/sidestream-*.whl \
-    && /opt/venv/bin/sidestream --version | grep -F "(compiled core)" \
-    && /opt/venv/bin/pip uninstall --yes pip setuptools
+    sh /deploy/image-install.sh /opt/venv /wheels
 
 FROM ${PYTHON_IMAGE}
 # The base image's own pip and setuptools are not needed at run time.

@@ -34,6 +34,16 @@ $(STAMP): pyproject.toml setup.py $(CORE_C)
 .PHONY: install
 install: $(STAMP) ## Create .venv and install sidestream editable with the dev extra (quick when nothing changed).
 
+# The image's dependencies, pinned with their hashes (Dockerfile, deploy/image-install.sh).
+# Universal: one file for the amd64 and arm64 images alike. uv keeps the pins already in
+# $(LOCK) that pyproject still allows: LOCK_ARGS=--upgrade moves them all to the newest.
+# uv comes with the dev extra (`make install`).
+LOCK ?= deploy/image.lock
+.PHONY: lock
+lock: $(BIN)/uv ## Regenerate deploy/image.lock, the image's pinned dependencies, from pyproject.toml (uv). LOCK_ARGS=--upgrade
+	$(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	  --custom-compile-command "make lock" --output-file $(LOCK) $(LOCK_ARGS) pyproject.toml
+
 .PHONY: run
 run: $(STAMP) ## Start the upstream emulator and the sidecar in front of it on localhost (Ctrl-C stops both).
 	$(BIN)/python -m sidecar.demo
