@@ -5,14 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.test-deps
-CORE_C := $(wildcard middleware/*.c middleware/telemetry/*.c sidecar/*.c)
+# What the build compiles: hand-written C, and each Python module Cython compiles (the .py
+# beside each .pxd) with its .pxd.
+PXD := $(wildcard middleware/*.pxd middleware/telemetry/*.pxd sidecar/*.pxd)
+CORE_C := $(wildcard middleware/*.c middleware/telemetry/*.c sidecar/*.c) $(PXD) $(PXD:.pxd=.py)
 SRC := middleware sidecar tests $(wildcard bench)
 # The tiers `make test-py` runs on another Python (the system tier runs on $(PYTHON)).
 PY ?= 3.12
 PY_TIERS := tests/unit tests/asgi tests/sockets
-# `make sanitize` builds in place with the venv's own setuptools, and a new venv's bundled one
-# (65 on 3.11) cannot read pyproject's SPDX `license`: the same floor as [build-system].
-BUILD_TOOLS := 'setuptools>=77'
+# `make sanitize` builds in place with the venv's own setuptools and Cython (a new venv's
+# bundled setuptools, 65 on 3.11, cannot read pyproject's SPDX `license`): each venv gets
+# pyproject's [build-system] requires, read from there.
+BUILD_REQUIRES = -m tests.support.build_requires
 # llama.cpp for the `llamacpp` extra: PyPI has no Linux wheel, so pip compiles it, about
 # 5 min on two shared cores, at the lowest priority so the machine's other work goes on.
 # pip's wheel cache (~/.cache/pip) keeps the build of the pinned release: later installs take
@@ -27,7 +31,8 @@ help: ## Show this help.
 
 $(STAMP): pyproject.toml setup.py $(CORE_C)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip $(BUILD_TOOLS)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/python $(BUILD_REQUIRES)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
@@ -80,7 +85,8 @@ test-py-%: .venv-%/.installed
 	[ -x "$$py" ] || py=$$(command -v python$*) || { \
 	  echo "make: no Python $* here: \`pyenv install $*\` installs it" >&2; exit 1; }; \
 	echo "$$py -m venv .venv-$*"; "$$py" -m venv .venv-$*
-	.venv-$*/bin/pip install --quiet --upgrade pip $(BUILD_TOOLS)
+	.venv-$*/bin/pip install --quiet --upgrade pip
+	.venv-$*/bin/python $(BUILD_REQUIRES)
 	.venv-$*/bin/pip install --quiet -e '.[dev]'
 	@touch $@
 

@@ -28,6 +28,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from tests.support import build_requires
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "sanitize"
 SANITIZERS = "-fsanitize=address,undefined"
@@ -92,6 +94,8 @@ def build(tree: Path) -> list[str]:
 
 
 def main() -> int:
+    # The in-place build uses the venv's own setuptools and Cython: pyproject's pins.
+    build_requires.install()
     tree = copy_tree()
     built = build(tree)
     print(f"sanitize: built with {SANITIZERS}: {', '.join(built)}", flush=True)
