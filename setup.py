@@ -20,9 +20,11 @@ from setuptools.command.build_ext import build_ext
 
 FLAGS = ["-O2", "-Wall", "-Werror=implicit-function-declaration"]
 # The Python modules compiled by Cython: the compiled module's name and its source (typed by
-# the `.pxd` beside it). None yet: frame.py compiled stayed behind its hand C `_frame.c`
+# the `.pxd` beside it). frame.py compiled stayed behind its hand C `_frame.c`
 # (docs/performance.md, "Cython for the frame").
-CYTHON: dict[str, str] = {}
+CYTHON: dict[str, str] = {
+    "middleware.telemetry._otlp": "middleware/telemetry/otlp_attributes.py",
+}
 # The `.pxd` alone gives the C types: the annotations in the `.py` are for mypy.
 DIRECTIVES = {
     "language_level": 3,
@@ -97,10 +99,10 @@ setup(
             ("middleware._relaycore", "middleware/_relaycore.c"),
             ("middleware._frame", "middleware/_frame.c"),
             ("middleware._usage", "middleware/_usage.c"),
-            ("middleware.telemetry._otlp", "middleware/telemetry/_otlp.c"),
             ("sidecar._core", "sidecar/_core.c"),
             ("sidecar._heads", "sidecar/_heads.c"),
             ("sidecar._uvread", "sidecar/_uvread.c"),
+            *CYTHON.items(),
         ]
     ],
     cmdclass={"build_ext": OptionalBuildExt},

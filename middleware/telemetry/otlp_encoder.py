@@ -25,8 +25,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from middleware.speedups import compiled
-from middleware.telemetry import semconv
+from middleware.telemetry import otlp_attributes, semconv
 from middleware.telemetry.otel_sdk import SpanReader
+from middleware.telemetry.otlp_attributes import BYTE as _BYTE
+from middleware.telemetry.otlp_attributes import double as _double
+from middleware.telemetry.otlp_attributes import varint as _varint
 
 logger = logging.getLogger("sidestream")
 
@@ -46,28 +49,12 @@ _UNIQUE = frozenset({semconv.GEN_AI_RESPONSE_ID})
 # heads of doubles by key, heads of ints by (key, size).
 _Tagged = tuple[dict[tuple[str, Any], bytes], dict[str, bytes], dict[tuple[str, int], bytes]]
 _T = TypeVar("_T")
-_double = struct.Struct("<d").pack
 _fixed64 = struct.Struct("<Q").pack
 _fixed32 = struct.Struct("<I").pack
-
-
-_BYTE = [bytes((n,)) for n in range(0x80)]  # the one-byte varints
-# The attributes' loop compiled, where built (`middleware/telemetry/_otlp.c`)
+# The attributes' loop: `otlp_attributes` compiled by Cython, where built, else interpreted.
 _compiled = compiled("middleware.telemetry._otlp")
+_attributes = otlp_attributes.attributes if _compiled is None else _compiled.attributes
 _NOTHING = object()
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _BYTE[n]
-    if n < 0x4000:  # lengths, ports, status codes, most counts
-        return bytes((n & 0x7F | 0x80, n >> 7))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _field(tag: bytes, payload: bytes) -> bytes:
@@ -132,42 +119,25 @@ class Encoder:
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
     def attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
-        """Each attribute as one `tag` field (a KeyValue)."""
+        """Each attribute as one `tag` field (a KeyValue), from the tag's caches
+        (`otlp_attributes.attributes`), encoded and kept by `_miss` where they miss."""
         if not attributes:
             return b""
         tagged = self._tagged.get(tag)
         if tagged is None:
             tagged = self._tagged[tag] = ({}, {}, {})
         strings, doubles, ints = tagged
-        items = self._read.items(attributes)
-        if _compiled is not None:  # the loop below, compiled
-            encoded: bytes = _compiled.attributes(
-                items, strings, doubles, ints, self._miss, self._other, tagged, tag
-            )
-            return encoded
-        parts = []
-        for key, value in items:
-            kind = type(value)
-            try:  # hits, nearly always: each a dict lookup (a miss costs a KeyError, once)
-                if kind is str:
-                    parts.append(strings[key, value])
-                    continue
-                # The usual numbers (times, rates, counts): a cached head, the value's bytes.
-                if kind is float:
-                    parts.append(doubles[key] + _double(value))
-                    continue
-                if kind is int and 0 <= value < 1 << 63:
-                    payload = _BYTE[value] if value < 0x80 else _varint(value)
-                    parts.append(ints[key, len(payload)] + payload)
-                    continue
-                if kind is bool or kind is tuple:  # a flag, or strings (finish reasons)
-                    parts.append(strings[key, value])
-                    continue
-            except KeyError:
-                parts.append(self._miss(tagged, tag, key, value))
-                continue
-            parts.append(self._other(tag, key, value))
-        return b"".join(parts)
+        encoded: bytes = _attributes(
+            self._read.items(attributes),
+            strings,
+            doubles,
+            ints,
+            self._miss,
+            self._other,
+            tagged,
+            tag,
+        )
+        return encoded
 
     def _other(self, tag: bytes, key: str, value: Any) -> bytes:
         """An attribute of a kind never kept (a negative or huge int, a list, bytes, ...):

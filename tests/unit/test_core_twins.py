@@ -1,9 +1,9 @@
 """The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
 `sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure)
-and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`,
-the OTLP attributes' loop `_otlp.c`) — behave alike, each checked here side by side; the rest of
-the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks (`make test` runs it once each
-way). The head rules' twins (`sidecar/_heads.c`) are held to uvicorn or to the rules one by
+and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`, and the
+OTLP attributes' loop `otlp_attributes.py` as Cython compiles it) — behave alike, each checked
+here side by side; the rest of the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks
+(`make test` runs it once each way). The head rules' twins (`sidecar/_heads.c`) are held to uvicorn or to the rules one by
 one in `test_response_head.py`, `test_read_headers.py` and `test_headers.py`; forced usage's
 (`middleware/_usage.c`) to `middleware.usage` in `test_usage_twins.py`."""
 
@@ -133,38 +133,39 @@ def test_the_compiled_attributes_loop_encodes_as_the_python_one(
     and again from the caches the first pass filled (hits), for every kind of value (the
     numbers at their varint and range edges, the kinds never cached, one that cannot be
     encoded)."""
-    from middleware.telemetry import otlp_encoder
+    from middleware.telemetry import otlp_attributes, otlp_encoder
 
     _need(compiled_otlp, "compiled")
     attributes = dict(items)
     encoders = {twin: otlp_encoder.Encoder() for twin in TWINS}
-    saved = otlp_encoder._compiled
+    loops = {"python": otlp_attributes.attributes, "compiled": compiled_otlp.attributes}
+    saved = otlp_encoder._attributes
     try:
         for _ in range(2):
             got = {}
             for twin, encoder in encoders.items():
-                otlp_encoder._compiled = compiled_otlp if twin == "compiled" else None
+                otlp_encoder._attributes = loops[twin]
                 got[twin] = encoder.attributes(b"\x4a", attributes)
             assert got["compiled"] == got["python"]
             assert encoders["compiled"]._tagged == encoders["python"]._tagged
     finally:
-        otlp_encoder._compiled = saved
+        otlp_encoder._attributes = saved
 
 
 def test_the_compiled_attributes_loop_refuses_what_the_python_one_refuses() -> None:
     """An unhashable tuple is a TypeError from both loops; arguments of the wrong kind are
     a TypeError, not a crash."""
-    from middleware.telemetry import otlp_encoder
+    from middleware.telemetry import otlp_attributes, otlp_encoder
 
     _need(compiled_otlp, "compiled")
-    saved = otlp_encoder._compiled
+    saved = otlp_encoder._attributes
     try:
-        for twin in (compiled_otlp, None):
-            otlp_encoder._compiled = twin
+        for loop in (compiled_otlp.attributes, otlp_attributes.attributes):
+            otlp_encoder._attributes = loop
             with pytest.raises(TypeError):
                 otlp_encoder.Encoder().attributes(b"\x4a", {"a": ([1],)})
     finally:
-        otlp_encoder._compiled = saved
+        otlp_encoder._attributes = saved
     with pytest.raises(TypeError):
         compiled_otlp.attributes({}.items(), [], {}, {}, None, None, None, b"")
 

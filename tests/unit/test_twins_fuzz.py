@@ -59,17 +59,23 @@ def test_a_sanitized_run_imports_the_sanitized_build() -> None:
 # -- the review's findings, one test each -------------------------------------------------
 
 
-def test_otlp_a_cached_encoding_that_is_not_bytes_is_refused_not_read_past() -> None:
-    """`_otlp.c` read a cache's value as bytes without asking: a bytearray there was copied
-    by its bytes' length from the wrong place (a heap over-read into the exported span).
-    Now any value that is not bytes is a TypeError, from a hit and from an encoder method."""
-    attributes = need(compiled_otlp).attributes
+def test_otlp_a_cached_encoding_that_is_not_bytes_is_read_as_python_reads_it() -> None:
+    """The hand C loop once read a cache's value as bytes without asking: a bytearray there
+    was copied by its bytes' length from the wrong place (a heap over-read into the exported
+    span). The compiled loop joins a bytes-like value as the Python one does, from a hit and
+    from an encoder method, and refuses anything else with the same TypeError."""
+    from middleware.telemetry import otlp_attributes
+
     items = [("k", "v")]
-    cache = {("k", "v"): bytearray(b"x" * 64)}
-    with pytest.raises(TypeError):
-        attributes(items, cache, {}, {}, None, None, {}, b"\x4a")
-    with pytest.raises(TypeError):  # a miss whose encoding is not bytes either
-        attributes(items, {}, {}, {}, lambda *a: bytearray(b"y"), None, {}, b"\x4a")
+    for loop in (need(compiled_otlp).attributes, otlp_attributes.attributes):
+        cache = {("k", "v"): bytearray(b"x" * 64)}
+        assert loop(items, cache, {}, {}, None, None, {}, b"\x4a") == b"x" * 64
+        miss = lambda *a: bytearray(b"y")  # noqa: E731
+        assert loop(items, {}, {}, {}, miss, None, {}, b"\x4a") == b"y"
+        with pytest.raises(TypeError):
+            loop(items, {("k", "v"): "x"}, {}, {}, None, None, {}, b"\x4a")
+        with pytest.raises(TypeError):  # a miss whose encoding is not bytes either
+            loop(items, {}, {}, {}, lambda *a: 1, None, {}, b"\x4a")
 
 
 def test_otlp_nothing_to_encode_copies_nothing() -> None:
