@@ -55,7 +55,9 @@ def make_store(
     store: str | Store, limits: Limits, password: str | None = None, ca: str | None = None
 ) -> Store:
     """The store a URL names; `password` (apart from the URL) and `ca` are Redis's."""
-    if isinstance(store, str) and store.startswith(("redis://", "rediss://", "unix://")):
+    if isinstance(store, str) and store.startswith(
+        ("redis://", "rediss://", "unix://", "redis+sentinel://")
+    ):
         from middleware.resume.redis import RedisStore
 
         return RedisStore(store, limits, password=password, ca=ca)

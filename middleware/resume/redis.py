@@ -1,24 +1,16 @@
 """The Redis Streams store: any replica can serve a resume (redis-py's asyncio client).
 
-Keys, for a stream `<id>` (prefix `sidestream:resume:`):
-
-- `<id>` — a Redis stream: event n is entry `<n>-1` with field `e` (empty: `store.LOST`, an
-  event too large to store); the end marker is one more entry with field `end` (the
-  outcome). Trimmed by `XTRIM MINID` past `max_bytes`, expired `ttl` seconds after its last
-  write;
-- `<id>:m` — JSON: the credential hash `c` (`ids.credential_hash`), the producing replica
-  `r`, the first response's allowed origin `o`, the generating span `t`; same expiry;
-- `<id>:r` — present while a reader on some replica is attached (refreshed by it), so the
-  producing replica's grace period waits for it;
-- `replica:<replica>` — the producing replica's liveness, refreshed every second with a
-  3 s expiry: a reader whose producer vanished ends with a terminal `upstream_error`;
-- channel `stop` — DELETE on any replica publishes the id; its producer stops it.
+Keys: `redis_keys`; a resume request's cursor: `redis_reader`; what one write holds:
+`redis_writes`.
 
 Appends are batched: every stream's events of the last `FLUSH_SECONDS` go in one pipelined
 request, one in flight at a time (never a round trip per token), of at most `BATCH_OPS`
 operations (a backlog goes out in several, back to back); a live stream's expiry is
 refreshed at most once a second. The store never breaks a live stream: a failed write is
-counted, logged once, and dropped.
+counted, logged (once a minute at most), and dropped; the producer keeps its own copy of each
+stream (within `max_bytes`, and `ENDED_HOLD` past its end), and once Redis answers again,
+whatever Redis lacks of it is re-appended before anything else is written (`_repair`): after
+a restart, or a Sentinel failover that lost the writes not yet replicated.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -36,10 +29,11 @@ import redis.asyncio as aioredis
 
 from middleware.resume.ids import same_credentials
 from middleware.resume.redis_connect import connect, shown
+from middleware.resume.redis_keys import PREFIX, REFRESH_SECONDS
+from middleware.resume.redis_reader import BLOCK_MS, RedisReader
+from middleware.resume.redis_writes import Appends, restore, stored_up_to
 from middleware.resume.store import (
-    LOST,
     Limits,
-    ResumeGap,
     ResumePointGone,
     StoreUnavailable,
     StreamNotFound,
@@ -47,11 +41,7 @@ from middleware.resume.store import (
 
 logger = logging.getLogger("sidestream")
 
-PREFIX = "sidestream:resume:"
 LIVENESS_MS = 3000
-REFRESH_SECONDS = 1.0
-READER_MS = 5000
-BLOCK_MS = 1000
 MAX_PENDING_BYTES = 64 * 1024 * 1024
 OPEN_RETRIES, OPEN_RETRY_SECONDS = 2, 0.05  # an unknown id: looked up again, 100 ms in all
 FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to other replicas
@@ -59,60 +49,30 @@ FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to oth
 # Python while the event loop waits: a backlog written at once (a burst of fast streams)
 # held every other stream's first token for seconds; at this size the loop waits ~10 ms at most.
 BATCH_OPS = 500
-# Appends go to Redis as one script call per run of them (`_Appends`), not one XADD command
-# each: redis-py packs every argument and reads every reply in Python, which came to most of
-# the store's CPU per token. The events travel end to end in one argument, with one of their
-# places (key number, entry number, length each), so that the call has a few arguments
-# whatever the run's length. Each XADD stands alone, as separate commands did: one that fails
-# (pcall) does not stop the rest. Sent whole (EVAL, not EVALSHA): Redis caches the compiled
-# script, and a restarted Redis needs nothing loaded again.
-_ADD_EACH = """
-local events, at = ARGV[1], 1
-for key, n, size in string.gmatch(ARGV[2], '(%d+) (%d+) (%d+)') do
-  local stop = at + tonumber(size)
-  redis.pcall('XADD', KEYS[tonumber(key)], n .. '-1', 'e', string.sub(events, at, stop - 1))
-  at = stop
-end
-"""
-
-
-class _Appends:
-    """A run of appends to one or more streams, written as one `_ADD_EACH` call."""
-
-    __slots__ = ("events", "keys", "places")
-
-    def __init__(self) -> None:
-        self.keys: dict[str, int] = {}  # stream key -> its number in the call's KEYS (from 1)
-        self.events: list[bytes] = []
-        self.places: list[str] = []
-
-    def add(self, key: str, n: int, event: bytes) -> None:
-        number = self.keys.setdefault(key, len(self.keys) + 1)
-        self.events.append(event)
-        self.places.append(f"{number} {n} {len(event)}")
-
-    def write(self, pipe: Any) -> None:
-        """Queue the call on `pipe` (nothing when the run is empty) and start a new run."""
-        if self.events:
-            keys, events, places = self.keys, b"".join(self.events), " ".join(self.places)
-            pipe.execute_command("EVAL", _ADD_EACH, len(keys), *keys, events, places)
-            self.keys, self.events, self.places = {}, [], []
+ENDED_HOLD = 10.0  # seconds an ended stream's copy is kept, to restore its end after a failover
+LOG_EVERY = 60.0  # seconds between two log lines while the store keeps failing
 
 
 class RedisLog:
-    """The producing side of one stream: its index, byte count and first kept event."""
+    """The producing side of one stream: its index, and its own copy of the events it keeps
+    (from `first`, within `max_bytes`), from which what a failover lost is re-appended."""
 
-    __slots__ = ("end_seen", "first", "n", "resumes", "sizes", "store", "stream_id", "total")
+    __slots__ = (
+        "end_seen", "events", "first", "meta", "n", "outcome", "resumes", "store", "stream_id",
+        "total",
+    )  # fmt: skip
 
-    def __init__(self, store: RedisStore, stream_id: str) -> None:
+    def __init__(self, store: RedisStore, stream_id: str, meta: bytes) -> None:
         self.store = store
         self.stream_id = stream_id
+        self.meta = meta
         self.n = 0
         self.first = 1
-        self.sizes: list[int] = []  # bytes of events first.. (for the per-stream bound)
+        self.events: deque[bytes] = deque()  # events first..n
         self.total = 0
         self.resumes = 0
         self.end_seen = False
+        self.outcome: bytes | None = None
 
     @property
     def max_bytes(self) -> int:
@@ -120,13 +80,13 @@ class RedisLog:
 
     def append(self, event: bytes) -> None:
         self.n += 1
-        self.sizes.append(len(event))
+        self.events.append(event)
         self.total += len(event)
         self.store.queue(("add", self.stream_id, self.n, event))
         if self.total > self.store.limits.max_bytes:
             first = self.first
-            while self.total > self.store.limits.max_bytes and len(self.sizes) > 1:
-                self.total -= self.sizes.pop(0)
+            while self.total > self.store.limits.max_bytes and len(self.events) > 1:
+                self.total -= len(self.events.popleft())
                 self.first += 1
             if self.first != first:
                 self.store.queue(("trim", self.stream_id, self.first, b""))
@@ -134,78 +94,18 @@ class RedisLog:
     def retract(self, count: int) -> None:
         self.store.retract(count)
         self.n -= count
-        for _ in range(min(count, len(self.sizes))):
-            self.total -= self.sizes.pop()
+        for _ in range(min(count, len(self.events))):
+            self.total -= len(self.events.pop())
 
     def end(self, tail: bytes, outcome: str) -> None:
         if tail:
             self.append(tail)
-        self.store.queue(("end", self.stream_id, self.n + 1, outcome.encode()))
+        self.outcome = outcome.encode()
+        self.store.queue(("end", self.stream_id, self.n + 1, self.outcome))
+        self.store.ended(self.stream_id)
 
     async def remote_readers(self) -> bool:
         return bool(await self.store.client.exists(f"{PREFIX}{self.stream_id}:r"))
-
-
-class RedisReader:
-    """One resume request's cursor: XREAD after the last entry it has."""
-
-    __slots__ = ("cursor", "link", "origin", "point", "refreshed", "replica", "store", "stream_id")
-
-    def __init__(self, store: RedisStore, stream_id: str, after: int, meta: dict[str, str]) -> None:
-        self.origin = meta.get("o", "")
-        self.link = meta.get("t", "")
-        self.replica = meta.get("r", "")
-        self.store = store
-        self.stream_id = stream_id
-        self.cursor = f"{after}-1" if after else "0-0"
-        self.refreshed = 0.0
-        self.point = after  # -1 once an entry came; until then XREAD may be past the end
-
-    async def read(self, timeout: float | None) -> tuple[list[bytes], bool]:
-        client, key = self.store.client, PREFIX + self.stream_id
-        loop = asyncio.get_running_loop()
-        block = BLOCK_MS if timeout is None else int(min(timeout, BLOCK_MS / 1000) * 1000)
-        try:
-            if loop.time() - self.refreshed > REFRESH_SECONDS:
-                self.refreshed = loop.time()
-                await client.set(f"{key}:r", b"1", px=READER_MS)
-            last = self.point >= 0 and await client.xrevrange(key, "+", "-", count=1)
-            if last and b"end" in last[0][1] and int(last[0][0].split(b"-")[0]) <= self.point:
-                return [], True  # at or past the last event of a finished stream: its end, now
-            reply = await client.xread({key: self.cursor}, block=max(block, 1))
-            if not reply:
-                if not await client.exists(f"{PREFIX}replica:{self.replica}"):
-                    return [_upstream_gone()], True
-                return [], False
-        except aioredis.RedisError as exc:
-            self.store.failed(exc)
-            raise StoreUnavailable() from exc
-        self.point = -1  # the end entry now lies after the cursor: XREAD returns it
-        events: list[bytes] = []
-        for entry_id, fields in reply[0][1]:
-            if b"end" in fields:
-                self.cursor = entry_id.decode()
-                return events, True
-            event = fields[b"e"]
-            if event == LOST:  # the events before it, then (next read) the end of this reader
-                if not events:
-                    raise ResumeGap()
-                return events, False
-            self.cursor = entry_id.decode()
-            events.append(event)
-        return events, False
-
-    def close(self) -> None:
-        pass
-
-
-def _upstream_gone() -> bytes:
-    error = {
-        "message": "the replica producing this stream is gone",
-        "type": "upstream_error",
-        "code": "upstream_error",
-    }
-    return b"data: " + json.dumps({"error": error}, separators=(",", ":")).encode() + b"\n\n"
 
 
 class RedisStore:
@@ -234,6 +134,12 @@ class RedisStore:
         self.background: list[asyncio.Task[None]] = []
         self.failures = 0
         self.failing = False
+        self.logged = 0.0  # when the last failure line was written (one a minute at most)
+        # A write or read failed: what Redis holds of the streams below may be behind what
+        # the producer sent (a failover loses the writes not yet replicated), so the next
+        # write first restores them (`_repair`).
+        self.suspect = False
+        self.logs: dict[str, RedisLog] = {}  # produced here, live or ended `ENDED_HOLD` ago
 
     # -- the producing side: sync, never raising ------------------------------------------
 
@@ -242,8 +148,12 @@ class RedisStore:
             self.start()
         meta = {"c": credentials, "r": self.replica, "o": origin, "t": link}
         self.opened = True  # its client may resume on another replica at once: no gathering
-        self.queue(("open", stream_id, 0, json.dumps(meta).encode()))
-        return RedisLog(self, stream_id)
+        log = self.logs[stream_id] = RedisLog(self, stream_id, json.dumps(meta).encode())
+        self.queue(("open", stream_id, 0, log.meta))
+        return log
+
+    def ended(self, stream_id: str) -> None:
+        asyncio.get_running_loop().call_later(ENDED_HOLD, self.logs.pop, stream_id, None)
 
     def queue(self, item: tuple[str, str, int, bytes]) -> None:
         self.pending.append(item)
@@ -265,9 +175,13 @@ class RedisStore:
         """One pipelined write of everything queued; again while more came meanwhile."""
         loop = asyncio.get_running_loop()
         try:
-            while self.pending:
+            while self.pending or self.suspect:
                 backlog = len(self.pending) >= BATCH_OPS  # no gathering: write what waits
                 await asyncio.sleep(0 if self.opened or backlog else FLUSH_SECONDS)
+                if self.suspect:
+                    if not await self._repair():  # again in a second, until Redis is back
+                        await asyncio.sleep(REFRESH_SECONDS)
+                    continue
                 self.opened = False
                 take = self.pending.popleft
                 batch = [take() for _ in range(min(BATCH_OPS, len(self.pending)))]
@@ -276,7 +190,7 @@ class RedisStore:
                 pipe = self.client.pipeline(transaction=False)
                 touched: set[str] = set()
                 now, refreshed = loop.time(), self.refreshed
-                adds = _Appends()
+                adds = Appends()
                 for op, stream_id, n, data in batch:
                     key = PREFIX + stream_id
                     if op == "add":
@@ -300,7 +214,7 @@ class RedisStore:
                     pipe.pexpire(f"{key}:m", ttl)
                 try:
                     replies = await pipe.execute(raise_on_error=False)
-                except aioredis.RedisError as exc:
+                except (aioredis.RedisError, OSError) as exc:
                     self.failed(exc)
                     continue
                 # A command Redis refused (a server without scripting, a key of another
@@ -313,11 +227,50 @@ class RedisStore:
         finally:
             self.flushing = None
 
+    async def _repair(self) -> bool:
+        """Every held stream's last entry in Redis, then what it lacks after it, from the
+        producer's copy (`redis_writes.restore`); False while Redis cannot be written."""
+        # What is queued is in the copies: dropped, and the copies as they are now written.
+        self.pending.clear()
+        self.pending_bytes = 0
+        held = [(log, log.n, log.outcome) for log in self.logs.values()]
+        ttl = int(self.limits.ttl * 1000)
+        try:
+            pipe = self.client.pipeline(transaction=False).ping()  # Redis is back: no stream too
+            for log, _, _ in held:
+                pipe.xrevrange(PREFIX + log.stream_id, "+", "-", count=1)
+            _, *tops = await pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+            for (log, n, outcome), top in zip(held, tops, strict=True):
+                stored = stored_up_to(top)
+                if stored is not None:
+                    copy = (log.meta, log.first, log.events, min(n, log.n))
+                    restore(pipe, PREFIX + log.stream_id, stored, copy, ttl, outcome)
+            replies = await pipe.execute(raise_on_error=False)
+            refused = next((r for r in replies if isinstance(r, Exception)), None)
+            if refused is not None:
+                raise refused
+        except (aioredis.RedisError, OSError) as exc:
+            self.pending.clear()  # in the copies too, for the next try
+            self.pending_bytes = 0
+            self.failed(exc)
+            return False
+        self.suspect = self.failing = False
+        logger.warning("resume store (Redis %s) is back: %d streams restored", self.url, len(held))
+        return True
+
     def failed(self, exc: BaseException) -> None:
         self.failures += 1
-        if not self.failing:
-            self.failing = True
+        # A command Redis refuses is refused again: only a lost connection (or a primary
+        # turned replica) may have lost writes that a repair restores.
+        lost = not isinstance(exc, aioredis.ResponseError)
+        self.suspect |= lost or isinstance(exc, aioredis.ReadOnlyError)
+        now = time.monotonic()
+        if not self.failing or now - self.logged >= LOG_EVERY:
+            self.failing, self.logged = True, now
             logger.warning("resume store (Redis %s) failed: %s", self.url, exc)
+        if self.suspect and self.flushing is None:  # restore what it lost once it is back
+            self.flushing = asyncio.get_running_loop().create_task(self._flush())
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -373,7 +326,7 @@ class RedisStore:
             raise StoreUnavailable() from exc
         if first and int(first[0][0].split(b"-")[0]) > after + 1 and b"e" in first[0][1]:
             raise ResumePointGone()
-        return RedisReader(self, stream_id, after, meta)
+        return RedisReader(self.client, self.failed, stream_id, after, meta)
 
     async def check(self, stream_id: str, credentials: str) -> None:
         await self._meta(stream_id, credentials)
@@ -391,10 +344,10 @@ class RedisStore:
             await self.client.ping()
         except (aioredis.RedisError, OSError) as exc:
             if not self.failing:  # one line, until a write succeeds (`failed`, `_flush`)
-                self.failing = True
+                self.failing, self.logged = True, time.monotonic()
                 logger.warning("resume store: Redis at %s is unusable now: %s", self.url, exc)
 
     async def aclose(self) -> None:
-        for task in self.background:
+        for task in [*self.background, *([self.flushing] if self.flushing else [])]:
             task.cancel()
         await self.client.aclose()

@@ -5,17 +5,40 @@ redis-py's own URL handling, never by hand. Two things may come apart from the U
 password (read from a file, so that it stays out of a pod spec) and, for `rediss://`, CA
 certificates trusted besides the system's. redis-py names a failed connection by host and
 port only; the URL, which may hold the password, goes to a log line only through `shown`.
+
+`redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]` names the sentinels
+of a primary; redis-py has no URL form for it, so it is read here (`sentinel_url`) and handed
+to redis-py's `Sentinel`, whose `master_for(SERVICE)` finds the primary and follows a
+failover. The user and password are the primary's (and its replicas'); the sentinels are
+asked without them, redis-py's default (`sentinel_kwargs` carries only socket options).
 """
 
 from __future__ import annotations
 
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any
+
+SENTINEL = "redis+sentinel://"
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """What a `redis+sentinel://` URL names: no connection is made."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
 
 
 def connect(url: str, *, password: str | None = None, ca: str | None = None, **options: Any) -> Any:
     """A `redis.asyncio.Redis` client for `url` (no connection is made yet); ValueError, naming
     the URL only as `shown`, for a URL redis-py refuses or options that do not fit it."""
+    if url.startswith(SENTINEL):
+        return _sentinel_client(url, password, ca, options)
     import redis.asyncio as aioredis
     from redis.asyncio.connection import SSLConnection, parse_url
 
@@ -41,18 +64,82 @@ def connect(url: str, *, password: str | None = None, ca: str | None = None, **o
     return client
 
 
+def _sentinel_client(url: str, password: str | None, ca: str | None, options: Any) -> Any:
+    """`master_for(SERVICE)` of a redis-py `Sentinel` on the URL's sentinels."""
+    from redis.asyncio.sentinel import Sentinel
+
+    parsed = sentinel_url(url)
+    if ca is not None:
+        raise ValueError(f"{shown(url)}: CA certificates are for a rediss:// (TLS) store")
+    if password is not None:
+        if parsed.password is not None:
+            raise ValueError(f"{shown(url)}: the password is given twice (in the URL and apart)")
+        options["password"] = password
+    elif parsed.password is not None:
+        options["password"] = parsed.password
+    if parsed.username is not None:
+        options["username"] = parsed.username
+    sockets = {name: value for name, value in options.items() if name.startswith("socket_")}
+    sentinel = Sentinel(parsed.sentinels, sentinel_kwargs=sockets)
+    return sentinel.master_for(parsed.service, db=parsed.db, **options)
+
+
+def sentinel_url(url: str) -> SentinelURL:
+    """The parts of a `redis+sentinel://` URL; ValueError, naming it only as `shown`."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{shown(url)}: {why} (expected {SENTINEL}"
+                          "[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB])")  # fmt: skip
+
+    rest = url[len(SENTINEL) :]
+    if "?" in rest or "#" in rest:
+        raise bad("a query or fragment is not read")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = urllib.parse.unquote(user) or None
+        password = urllib.parse.unquote(secret) if colon else None
+    sentinels = tuple(_address(part, n, bad) for n, part in enumerate(hosts.split(","), 1))
+    service, _, db = path.partition("/")
+    if not service:
+        raise bad("no SERVICE (the primary's name in the sentinels' configuration)")
+    if db and not (db.isascii() and db.isdigit() and len(db) <= 5):
+        raise bad("the database is not a number")
+    return SentinelURL(sentinels, urllib.parse.unquote(service), int(db or 0), username, password)
+
+
+def _address(part: str, number: int, bad: Any) -> tuple[str, int]:
+    """HOST:PORT, [IPv6]:PORT or HOST (the sentinel port, 26379). An error names the
+    address by its place: a password with an unescaped `/` would be in the text."""
+    host, port = part, ""
+    if part.startswith("["):
+        host, bracket, port = part[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            raise bad(f"sentinel address {number} cannot be read")
+        port = port[1:]
+    elif ":" in part:
+        host, _, port = part.rpartition(":")
+    if not host or any(c in host for c in " /@[]"):
+        raise bad(f"sentinel address {number} has no host")
+    if not port:
+        return host, SENTINEL_PORT
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise bad(f"sentinel address {number} has no valid port")
+    return host, int(port)
+
+
 def shown(url: str) -> str:
-    """`url` with its password, in the user part or in the query, as `***`."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "(a URL that cannot be read)"
-    userinfo, at, host = parts.netloc.rpartition("@")
+    """`url` with its password, in the user part or in the query, as `***`. The user part
+    ends at the last `@`, so that a password with an unescaped `/`, `?` or `@` stays hidden."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, tail = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
-    netloc = f"{user}{colon and ':***'}{at}{host}"
-    query = []
-    for pair in parts.query.split("&"):
+    path, mark, query = tail.partition("?")
+    pairs = []
+    for pair in query.split("&"):
         name = pair.partition("=")[0]
-        query.append(f"{name}=***" if "password" in urllib.parse.unquote(name).lower() else pair)
-    tail = f"?{'&'.join(query)}" if parts.query else ""
-    return f"{parts.scheme}://{netloc}{parts.path}{tail}"  # every store URL has `//`
+        pairs.append(f"{name}=***" if "password" in urllib.parse.unquote(name).lower() else pair)
+    tail = f"{path}{mark}{'&'.join(pairs)}"
+    return f"{scheme}{sep}{user}{colon and ':***'}{at}{tail}"

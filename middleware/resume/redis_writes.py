@@ -1,0 +1,81 @@
+"""What the Redis store writes in one pipelined request: a run of appends as one script call,
+and, after a failure, what a stream lacks in Redis, re-appended from the producer's copy.
+
+Entry ids are event numbers (`<n>-1`), and Redis refuses an `XADD` whose id is not above the
+stream's last: an event written twice is refused, never stored twice. So re-appending what
+the store lost needs no bookkeeping of what was written before, only the store's last entry.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+# Appends go to Redis as one script call per run of them (`Appends`), not one XADD command
+# each: redis-py packs every argument and reads every reply in Python, which came to most of
+# the store's CPU per token. The events travel end to end in one argument, with one of their
+# places (key number, entry number, length each), so that the call has a few arguments
+# whatever the run's length. Each XADD stands alone, as separate commands did: one that fails
+# (pcall) does not stop the rest. Sent whole (EVAL, not EVALSHA): Redis caches the compiled
+# script, and a restarted Redis needs nothing loaded again.
+_ADD_EACH = """
+local events, at = ARGV[1], 1
+for key, n, size in string.gmatch(ARGV[2], '(%d+) (%d+) (%d+)') do
+  local stop = at + tonumber(size)
+  redis.pcall('XADD', KEYS[tonumber(key)], n .. '-1', 'e', string.sub(events, at, stop - 1))
+  at = stop
+end
+"""
+
+
+class Appends:
+    """A run of appends to one or more streams, written as one `_ADD_EACH` call."""
+
+    __slots__ = ("events", "keys", "places")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, int] = {}  # stream key -> its number in the call's KEYS (from 1)
+        self.events: list[bytes] = []
+        self.places: list[str] = []
+
+    def add(self, key: str, n: int, event: bytes) -> None:
+        number = self.keys.setdefault(key, len(self.keys) + 1)
+        self.events.append(event)
+        self.places.append(f"{number} {n} {len(event)}")
+
+    def write(self, pipe: Any) -> None:
+        """Queue the call on `pipe` (nothing when the run is empty) and start a new run."""
+        if self.events:
+            keys, events, places = self.keys, b"".join(self.events), " ".join(self.places)
+            pipe.execute_command("EVAL", _ADD_EACH, len(keys), *keys, events, places)
+            self.keys, self.events, self.places = {}, [], []
+
+
+def stored_up_to(top: Sequence[Any]) -> int | None:
+    """The last event number a stream's last entry (`XREVRANGE … COUNT 1`) shows, 0 for no
+    entry, None when that entry is the end (the store has the whole stream)."""
+    if not top:
+        return 0
+    entry_id, fields = top[0]
+    return None if b"end" in fields else int(entry_id.split(b"-")[0])
+
+
+def restore(pipe: Any, key: str, stored: int, held: tuple[bytes, int, Sequence[bytes], int], ttl: int,
+            outcome: bytes | None) -> None:  # fmt: skip
+    """Queue on `pipe` what `key` lacks: its meta, the events after `stored` that the
+    producer still holds (`held`: meta, its first event's number, the events, the last one's
+    number), the end if the stream ended, and the expiry."""
+    meta, first, events, n = held
+    pipe.set(f"{key}:m", meta, px=ttl)
+    adds = Appends()
+    start = max(stored + 1, first)
+    for number, event in enumerate(itertools.islice(events, start - first, n - first + 1), start):
+        adds.add(key, number, event)
+    adds.write(pipe)
+    if 0 < stored < first - 1:  # a hole the producer cannot fill: a reader gets 410, not it
+        pipe.xtrim(key, minid=f"{first}-0")
+    if outcome is not None:
+        pipe.xadd(key, {b"end": outcome}, id=f"{n + 1}-1")
+    pipe.pexpire(key, ttl)
+    pipe.pexpire(f"{key}:m", ttl)
