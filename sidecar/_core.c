@@ -6,7 +6,7 @@
  * - `H1Core`: sidecar/upstream/h1core.py's class, the upstream connection's `data_received`
  *   (with `whole_chunks`, the read of whole chunks taken without httptools, and the two
  *   chunk callbacks that tell where httptools stands), and its `on_header`.
- * - `ChunkWriter`: sidecar/servers/uvicorn_internals/nowait.py's `send_nowait` closure, the
+ * - `ChunkWriter`: sidecar/servers/http1/nowait.py's `send_nowait` closure, the
  *   `sidestream.send_nowait` write into uvicorn's response. It reads uvicorn's private
  *   `RequestResponseCycle` fields as the closure does, so it is used only where that
  *   package's version gate (`checked()`) allows the closure; and it writes to the socket
@@ -407,7 +407,7 @@ static int attr_true(PyObject *obj, PyObject *name) {
 
 /* Where `obj`'s field `name` sits in it, when its class makes it a slot (`__slots__`: a
  * member descriptor of an object field), else -1. The sidecar's cycle and flow make the
- * fields read per chunk slots (uvicorn_internals' `RequestCycle` and `Flow`): read in
+ * fields read per chunk slots (http1's `RequestCycle` and `Flow`): read in
  * place, each is a load, where `getattr` looks in the type and then in the instance dict
  * (the four lookups were a large share of a token's relay: see bench.lab.instructions).
  * Found once, when the writer is made: a class's slots are fixed when it is made. */

@@ -6,7 +6,7 @@
  *   request's headers (its size, a framing problem, its Content-Length, chunked or not, and
  *   the headers to send upstream), and `response_headers`, its `_response_headers` (the
  *   upstream's response headers to send downstream);
- * - `read_headers`: `sidecar/servers/uvicorn_internals/connection.py`'s `_read_headers`, a
+ * - `read_headers`: `sidecar/servers/http1/connection.py`'s `_read_headers`, a
  *   request's headers as uvicorn reads them (names lower-cased, values right-stripped).
  *
  * Read each beside its Python twin, where the rules are written out. Each takes the usual
@@ -25,7 +25,7 @@ static PyObject *ZERO = NULL;
 /* sidecar.headers: `_request_rules`, `HOP_BY_HOP`, `_DROPPED` */
 static PyObject *RULES_TWIN = NULL, *HOP_BY_HOP = NULL, *DROPPED = NULL;
 static PyObject *RESPONSE_TWIN = NULL; /* sidecar.headers._response_headers */
-static PyObject *READ_TWIN = NULL; /* uvicorn_internals.connection._read_headers */
+static PyObject *READ_TWIN = NULL; /* http1.connection._read_headers */
 static PyObject *STR_JOIN = NULL; /* "join" */
 static PyObject *HOST, *ACCEPT_ENCODING, *IDENTITY, *X_FORWARDED_FOR, *X_FORWARDED_PROTO,
     *X_FORWARDED_HOST, *COMMA_SPACE, *VERSIONS[3];
@@ -610,7 +610,7 @@ done:
  * lower-cased, each value without the blanks (space, tab) llhttp leaves at its end. */
 static PyObject *read_headers(PyObject *module, PyObject *headers) {
     if (READ_TWIN == NULL) {
-        PyObject *twin = PyImport_ImportModule("sidecar.servers.uvicorn_internals.connection");
+        PyObject *twin = PyImport_ImportModule("sidecar.servers.http1.connection");
         if (twin == NULL) return NULL;
         READ_TWIN = PyObject_GetAttrString(twin, "_read_headers");
         Py_DECREF(twin);
@@ -656,7 +656,7 @@ static PyMethodDef methods[] = {
      "response_headers(headers): the compiled twin of sidecar.headers._response_headers."},
     {"read_headers", (PyCFunction)read_headers, METH_O,
      "read_headers(headers): the compiled twin of "
-     "sidecar.servers.uvicorn_internals.connection._read_headers."},
+     "sidecar.servers.http1.connection._read_headers."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -81,8 +81,8 @@ def instrument(stamps: Stamps) -> None:
     from middleware.guard import StreamGuard
     from middleware.relay import Relay
     from sidecar.proxy import ProxyApp
-    from sidecar.servers.uvicorn_internals.cycle import RequestCycle
-    from sidecar.servers.uvicorn_internals.protocol import GuardedHttpToolsProtocol as Protocol
+    from sidecar.servers.http1.cycle import RequestCycle
+    from sidecar.servers.http1.protocol import Http1Protocol as Protocol
     from sidecar.upstream.h1 import H1Connection
 
     made = Protocol.connection_made

@@ -1,7 +1,7 @@
 """`--body-timeout` for the servers that keep no body deadline of their own: hypercorn (the
 `--http2` listener) and uvicorn's public path (`uvicorn_listener.use_internals` said no).
 The sidecar's own HTTP/1.1 protocol keeps it where the bytes are read
-(`uvicorn_internals.body`), from the end of the head, trailers included.
+(`http1.body`), from the end of the head, trailers included.
 
 Here the app is wrapped (`BodyDeadline`): each HTTP request's body must be whole within
 `timeout` seconds of the app being called, which is when the head has been read. The

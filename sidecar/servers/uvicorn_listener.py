@@ -4,9 +4,10 @@ Each serves a socket the sidecar bound and put to listen itself (`serve(sockets=
 the address in the config is only what uvicorn's messages name.
 
 `use_internals()` asks the gate in `sidecar.servers.uvicorn_internals` once, at start.
-When it says yes, the traffic port runs the sidecar's protocol (request-head deadline and
-size cap, request-body deadline and trailer cap, CONNECT 405, the `sidestream.send_nowait`
-extension) and both servers wait on an event instead of polling; when it says no, both run
+When it says yes, the traffic port runs the sidecar's own protocol (`sidecar.servers.http1`,
+handed over by `Config(http=...)`: request-head deadline and size cap, request-body deadline
+and trailer cap, CONNECT 405, the `sidestream.send_nowait` extension) and both servers wait
+on an event instead of polling; when it says no, both run
 on uvicorn's public path (its own `httptools` protocol and main loop, the body deadline kept
 by `body_deadline.BodyDeadline`) and one log line says what was left out.
 """
@@ -21,12 +22,8 @@ import uvicorn
 from sidecar.config import Settings
 from sidecar.servers import uvicorn_internals
 from sidecar.servers.body_deadline import BodyDeadline
-from sidecar.servers.uvicorn_internals import (
-    EventServer,
-    GuardedHttpToolsProtocol,
-    QuietServer,
-    protocol_class,
-)
+from sidecar.servers.http1 import Http1Protocol, protocol_class
+from sidecar.servers.uvicorn_internals import EventServer, QuietServer
 
 logger = logging.getLogger("sidestream")
 
@@ -48,7 +45,7 @@ def use_internals() -> bool:
     return False
 
 
-def traffic_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
+def traffic_protocol(settings: Settings) -> type[Http1Protocol]:
     """The traffic listener's HTTP/1.1 protocol for these settings (behind the gate): a
     trailer block may be as large as the headers (`--max-header-bytes`)."""
     return protocol_class(

@@ -1,6 +1,6 @@
 """Every use of what uvloop does beyond its public interface:
 - a response chunk written to the client's socket past uvloop's TCP transport, whenever the
-  transport holds no bytes (`uvicorn_internals.nowait`, `sidecar/_core.c`'s `ChunkWriter`);
+  transport holds no bytes (`http1.nowait`, `sidecar/_core.c`'s `ChunkWriter`);
 - an upstream connection's reads taking the GIL once rather than twice, and handing their
   bytes to `H1Core.data_received` in fewer steps (`quiet_reads`, `sidecar/_uvread.c`), below.
 

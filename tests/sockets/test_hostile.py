@@ -1,7 +1,7 @@
 """Hostile input against the sidecar: each gets a clear status, never a hang or a forwarded request.
 
 The sidecar here is what `python -m sidecar` builds: `build_guard` from parsed settings,
-served by uvicorn with the traffic listener's protocol (`sidecar.servers.uvicorn_internals`),
+served by uvicorn with the traffic listener's protocol (`sidecar.servers.http1`),
 in front of an `EchoUpstream` that records every request reaching it. "Never forwarded"
 means that record stays empty. Raw sockets throughout: these requests are ones no well-behaved client sends.
 """
@@ -21,7 +21,7 @@ from middleware.registry import StreamRegistry
 from sidecar.app import build_guard
 from sidecar.config import load
 from sidecar.headers import request_problem
-from sidecar.servers.uvicorn_internals import protocol_class
+from sidecar.servers.http1 import protocol_class
 from sidecar.servers.uvicorn_listener import HEAD_SLACK_BYTES
 from tests.support.clients import connection
 from tests.support.servers import SERVERS, Server, serve

@@ -30,7 +30,7 @@ from middleware.telemetry import Telemetry, semconv
 from middleware.types import Message, Receive, Scope, Send
 from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.servers.uvicorn_internals import protocol_class
+from sidecar.servers.http1 import protocol_class
 from tests.support.servers import serve
 from tests.support.upstreams import EchoUpstream
 

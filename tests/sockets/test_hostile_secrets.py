@@ -16,7 +16,7 @@ import pytest
 from middleware.registry import StreamRegistry
 from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.servers.uvicorn_internals import protocol_class
+from sidecar.servers.http1 import protocol_class
 from tests.support.servers import bound_socket, serve
 
 SECRETS = ("sk-SECRET-bearer-4242", "COOKIE-sess-777", "KEY-apikey-999", "KEY-azure-555")

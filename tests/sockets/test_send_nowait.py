@@ -230,7 +230,7 @@ async def test_nowait_is_refused_once_the_stream_was_stopped() -> None:
     assert chunk("late") not in b"".join(server.wire)
 
 
-# --- the sidecar's HTTP/1.1 server (sidecar.servers.uvicorn_internals) ---------------------
+# --- the sidecar's HTTP/1.1 server (sidecar.servers.http1) ------------------------------
 
 
 async def test_server_nowait_writes_chunked_frames_and_stops_at_flow_control() -> None:

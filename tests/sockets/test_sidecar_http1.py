@@ -1,4 +1,4 @@
-"""The sidecar's HTTP/1.1 protocol (`sidecar.servers.uvicorn_internals`, behind the gate) answers
+"""The sidecar's HTTP/1.1 protocol (`sidecar.servers.http1`, behind the gate) answers
 what an app sends and what a client sends as uvicorn's own httptools protocol does.
 
 Most tests here are differential: one app, one byte string from a raw client, served once by
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from uvicorn.server import ServerState
 
 from middleware.types import Message, Receive, Scope, Send
 from sidecar.config import load
-from sidecar.servers.uvicorn_internals import GuardedHttpToolsProtocol
+from sidecar.servers.http1 import Http1Protocol
 from sidecar.servers.uvicorn_listener import traffic_protocol
 from tests.support.clients import connection
 from tests.support.servers import serve
@@ -457,12 +458,12 @@ async def test_the_head_leaves_with_the_first_body_write_or_at_its_turns_end(
     sends its head and then waits (a model still thinking) has the head written alone, and
     the client reads it while the app waits."""
     writes: list[bytes] = []
-    made = GuardedHttpToolsProtocol.connection_made
+    made = Http1Protocol.connection_made
 
-    def connection_made(self: GuardedHttpToolsProtocol, transport: Any) -> None:
+    def connection_made(self: Http1Protocol, transport: Any) -> None:
         made(self, _Recording(transport, writes))
 
-    monkeypatch.setattr(GuardedHttpToolsProtocol, "connection_made", connection_made)
+    monkeypatch.setattr(Http1Protocol, "connection_made", connection_made)
     go = asyncio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -615,3 +616,52 @@ def test_connections_from_one_host_to_one_address_share_their_address_objects() 
         assert s3 == ("127.0.0.2", 8080) and c3 == ("10.0.0.8", 50002)
     finally:
         loop.close()
+
+
+WEBSOCKET = (
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def test_a_websocket_upgrade_is_handed_to_uvicorns_websocket_protocol() -> None:
+    """A WebSocket handshake goes to uvicorn's WebSocket protocol, as from uvicorn's own
+    HTTP protocol: the app gets a `websocket` scope (no `http` one), and a handshake it
+    refuses (as the sidecar's proxy does) is answered with the same bytes."""
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            seen.append(f"{scope['type']} {scope['path']}")
+        if scope["type"] == "websocket":
+            assert (await receive())["type"] == "websocket.connect"
+            await send({"type": "websocket.close", "code": 1003})
+
+    # The WebSocket library writes a `Date` of its own: the second it was written in.
+    ours, theirs = [
+        re.sub(rb"\r\nDate: [^\r]*", b"", await wire(server, app, WEBSOCKET)) for server in SERVERS
+    ]
+    assert ours == theirs and ours.startswith(b"HTTP/1.1 403 ")
+    assert seen == ["websocket /ws"] * 2
+
+
+async def test_past_the_concurrency_limit_the_answer_is_uvicorns_503() -> None:
+    """With uvicorn's `limit_concurrency` reached (one: the asking connection is the one),
+    the request is answered 503 as uvicorn answers it, and the app is not called."""
+    called: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            called.append(scope["path"])
+
+    answers = []
+    for server in SERVERS:
+        async with (
+            serve(app, server, limit_concurrency=1, **OPTIONS) as port,  # type: ignore[arg-type]
+            connection(port) as (reader, writer),
+        ):
+            writer.write(get(close=True))
+            answers.append(await asyncio.wait_for(reader.read(), 5))
+    assert answers[0] == answers[1]
+    assert answers[0].startswith(b"HTTP/1.1 503 ") and answers[0].endswith(b"Service Unavailable")
+    assert called == []

@@ -82,24 +82,47 @@ def test_the_installed_uvicorn_is_a_checked_release() -> None:
     assert not uvicorn_internals.checked("99.0.0")
 
 
-@pytest.mark.parametrize(
-    ("owner", "hook"),
-    [
-        ("HttpToolsProtocol", "_unsupported_upgrade_warning"),
-        ("HttpToolsProtocol", "on_response_complete"),
-        ("RequestResponseCycle", "receive"),
-    ],
-)
-def test_the_uvicorn_gate_says_no_when_a_hook_is_gone(
-    owner: str, hook: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("hook", ["capture_signals", "main_loop", "on_tick", "shutdown"])
+def test_the_uvicorn_gate_says_no_when_a_server_method_is_gone(
+    hook: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A checked version whose protocol or request cycle lost a method this module writes
-    out or calls is refused too."""
-    from uvicorn.protocols.http import httptools_impl
+    """A checked version whose `Server` lost a method the contract module replaces, or
+    relies on to shut its connections down, is refused too."""
+    assert uvicorn_internals.checked()
+    monkeypatch.delattr(uvicorn.Server, hook)
+    assert not uvicorn_internals.checked()
+
+
+@pytest.mark.parametrize("field", ["connections", "tasks", "default_headers", "total_requests"])
+def test_the_uvicorn_gate_says_no_when_a_server_state_field_is_gone(
+    field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checked version whose `ServerState` no longer has a field the sidecar's protocol
+    reads or writes (its open connections, its request tasks, the default headers, the
+    request count) is refused too."""
+    from uvicorn.server import ServerState
+
+    made = ServerState.__init__
+
+    def without(self: ServerState) -> None:
+        made(self)
+        delattr(self, field)
 
     assert uvicorn_internals.checked()
-    monkeypatch.delattr(getattr(httptools_impl, owner), hook)
+    monkeypatch.setattr(ServerState, "__init__", without)
     assert not uvicorn_internals.checked()
+
+
+def test_the_sidecars_protocol_is_its_own_not_a_subclass_of_uvicorns() -> None:
+    """uvicorn is reached through its public door: the traffic protocol is an
+    `asyncio.Protocol` of sidestream's, and its request cycle a class of its own, neither
+    derived from a class of uvicorn's."""
+    from sidecar.servers.http1 import RequestCycle
+
+    protocol = traffic_protocol(load(["--upstream", "http://127.0.0.1:1"], environ={}))
+    assert issubclass(protocol, asyncio.Protocol)
+    for cls in (protocol, RequestCycle):
+        assert not [base for base in cls.__mro__ if base.__module__.startswith("uvicorn")]
 
 
 @pytest.mark.parametrize("gate", [True, False], ids=["checked", "not-checked"])
@@ -177,8 +200,9 @@ async def test_the_sidecars_protocol_holds_a_connection_in_less_memory_than_uvic
     """An open connection with a request in flight (read whole) costs the sidecar's protocol
     at least a tenth less than uvicorn's own (2 KiB or more of some 14 KiB on Python 3.11 and
     3.12; 3.13 made uvicorn's own objects cheaper, and the gap 1.8 KiB): its fields in slots
-    (uvicorn's dict keeps sharing its keys), the pipeline a list, the two events' waiter
-    queues made only when waited on, and no request parser until the client sends more.
+    (no instance dict), what the server passes each connection shared, the pipeline a list,
+    the two events' waiter queues made only when waited on, and no request parser until the
+    client sends more.
     Without any one of those it costs more than uvicorn's; the test's own client is the same
     for both."""
     ours = await _heap_per_connection("sidecar")
@@ -248,8 +272,8 @@ async def test_each_request_on_a_kept_alive_connection_is_parsed_anew() -> None:
 
 
 async def test_pipelined_requests_are_answered_in_order_by_the_sidecars_protocol() -> None:
-    """Requests written back to back on one connection are each answered, in order: uvicorn
-    queues the later ones in the protocol's pipeline (a list here) until the one before ends."""
+    """Requests written back to back on one connection are each answered, in order: the
+    protocol queues the later ones in its pipeline (a list) until the one before ends."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -337,7 +361,7 @@ def test_the_sidecar_streams_on_uvloop_on_either_side_of_the_uvloop_gate(
     with it shut through the transport; a fast stream and one to a client that does not
     read for a while (the socket full, the rest held by the transport) arrive whole and in
     order either way."""
-    from sidecar.servers.uvicorn_internals import nowait
+    from sidecar.servers.http1 import nowait
     from sidecar.upstream import h1
 
     given: list[int | None] = []

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from middleware.registry import StreamRegistry
 from sidecar.app import build_guard
 from sidecar.config import load
-from sidecar.servers.uvicorn_internals import protocol_class
+from sidecar.servers.http1 import protocol_class
 from sidecar.servers.uvicorn_listener import HEAD_SLACK_BYTES
 from tests.support.recorder import ByteRecorder, Received
 from tests.support.servers import serve

@@ -48,7 +48,7 @@ async def serve(
     exit.
 
     `sidecar` is uvicorn with the sidecar's HTTP/1.1 protocol
-    (`sidecar.servers.uvicorn_internals`), which also offers the `SEND_NOWAIT` extension:
+    (`sidecar.servers.http1`), which also offers the `SEND_NOWAIT` extension:
     serve the sidecar's app with it."""
     sock = bound_socket(host)
     port = int(sock.getsockname()[1])

@@ -1,5 +1,5 @@
 """The per-chunk core's two twins — Python (`middleware/relaycore.py`, `middleware/frame.py`,
-`sidecar/upstream/h1core.py`, uvicorn_internals.nowait's closure)
+`sidecar/upstream/h1core.py`, http1.nowait's closure)
 and compiled (`middleware/_relaycore.c`, `middleware/_frame.c`, `sidecar/_core.c`, and the
 OTLP attributes' loop `otlp_attributes.py` as Cython compiles it) — behave alike, each checked
 here side by side; the rest of the suite runs with whichever `SIDESTREAM_NO_EXTENSIONS` picks
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from middleware import frame, relaycore, speedups
 from middleware.phases import Phase
 from middleware.sse import LineState, advance
-from sidecar.servers.uvicorn_internals import nowait
+from sidecar.servers.http1 import nowait
 from sidecar.upstream import h1core
 from tests.support.compiled import built
 from tests.support.fuzzing import examples
@@ -43,7 +43,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
     from middleware.telemetry import otlp_encoder
     from sidecar import headers
     from sidecar.servers import response_head
-    from sidecar.servers.uvicorn_internals import connection
+    from sidecar.servers.http1 import connection
     from sidecar.upstream.h1 import H1Connection
 
     if os.environ.get(speedups.DISABLE, "") not in ("", "0"):

@@ -1,4 +1,4 @@
-"""The traffic protocol's request-head deadlines (`uvicorn_internals.limits.HeadDeadlines`):
+"""The traffic protocol's request-head deadlines (`http1.limits.HeadDeadlines`):
 every connection's under one loop timer, driven with a hand-written loop whose clock the
 test moves and whose timer it fires itself, so no test depends on how fast it runs."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.servers.uvicorn_internals.limits import HeadDeadlines
+from sidecar.servers.http1.limits import HeadDeadlines
 
 
 class Handle:

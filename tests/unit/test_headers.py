@@ -406,7 +406,7 @@ def test_no_twin_changes_the_bytes_it_is_given() -> None:
     Connection token in place would change that byte for the whole process (it did: a
     `data: [DONE]` cut before its `D` went out as `[dONE]`)."""
     from sidecar.servers import response_head
-    from sidecar.servers.uvicorn_internals import connection
+    from sidecar.servers.http1 import connection
 
     heads = importlib.import_module("sidecar._heads")
     calls = [

@@ -1,4 +1,4 @@
-"""`uvicorn_internals.connection.read_headers`: a request's headers read at once, in place, as
+"""`http1.connection.read_headers`: a request's headers read at once, in place, as
 uvicorn's `on_header` reads them one by one (its httptools protocol, the release installed):
 names lower-cased, the blanks llhttp keeps after a value dropped, `expect: 100-continue`
 noticed. Both twins — Python (`_read_headers`) and compiled (`sidecar/_heads.c`)."""
@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sidecar.servers.uvicorn_internals import connection
+from sidecar.servers.http1 import connection
 from tests.support.fuzzing import examples
 
 Reader = Callable[[list[tuple[bytes, bytes]]], bool]

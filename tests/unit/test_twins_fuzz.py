@@ -23,7 +23,7 @@ from middleware import relaycore
 from middleware.phases import Phase
 from middleware.sse import LineState
 from sidecar import headers as rules
-from sidecar.servers.uvicorn_internals import connection as uv_connection
+from sidecar.servers.http1 import connection as uv_connection
 from sidecar.upstream import h1core
 from tests.support.compiled import built
 from tests.support.fuzzing import examples

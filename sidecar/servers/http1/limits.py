@@ -1,19 +1,19 @@
 """The traffic protocol's request-head limits (`HeadLimits`), and the answers it writes
 when one is crossed.
 
-The traffic protocol adds what nginx calls `client_header_timeout` and
-`large_client_header_buffers`. uvicorn reads a request head for as long as the client
-cares to trickle it, and lets the head grow without bound before the app sees it: one
-slowloris client per file descriptor holds the sidecar open forever. So:
+The traffic protocol has what nginx calls `client_header_timeout` and
+`large_client_header_buffers`. uvicorn's own protocol reads a request head for as long as
+the client cares to trickle it, and lets the head grow without bound before the app sees
+it: one slowloris client per file descriptor holds the sidecar open forever. So:
 
 - a request head (request line and headers) must be complete within `header_timeout`
   seconds of the connection opening, or of its first byte on a kept-alive connection
-  (between requests uvicorn's own `timeout_keep_alive` applies); past it: 408 and close
-  (a connection that sent nothing is just closed);
+  (between requests the keep-alive timeout, uvicorn's `timeout_keep_alive`, applies);
+  past it: 408 and close (a connection that sent nothing is just closed);
 - a head larger than `max_head_bytes` is answered 431 and closed; a head is held in memory
   up to that cap plus one read;
-- `CONNECT` (authority-form target, which uvicorn cannot parse into a path) gets 405, like
-  `TRACE` does in the proxy, instead of uvicorn's 400.
+- `CONNECT` (authority-form target, which has no path to parse) gets 405, like `TRACE` does
+  in the proxy, instead of the 400 uvicorn's own protocol gives it.
 
 Deliberate: the deadline is set per connection and per request head, never per read; reads
 only add to a byte count. The answers are written straight to the transport: no ASGI
@@ -44,6 +44,16 @@ def answer(status: int, code: str, message: str, extra: bytes = b"") -> bytes:
     return (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
         b"connection: close\r\n%s\r\n%s" % (status, _REASONS[status], len(body), extra, body)
+    )
+
+
+def bad_request(message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The 400 for a request the parser refused, as uvicorn's protocols write it; it closes."""
+    head = b"".join(b"%b: %b\r\n" % pair for pair in default_headers)
+    return (
+        b"HTTP/1.1 400 Bad Request\r\n%bcontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%b"
+        % (head, len(message), message.encode("ascii"))
     )
 
 
@@ -122,7 +132,9 @@ class BodyDeadlines(HeadDeadlines):
 class HeadLimits:
     """The request-head deadline, size cap and CONNECT answer (see the module docstring):
     armed, counted and checked from the protocol's callbacks, the answers written straight
-    to the transport. Its fields are in the protocol's slots."""
+    to the transport."""
+
+    __slots__ = ("_began", "_head_bytes", "_head_deadlines", "_in_head", "_refused")
 
     header_timeout: float | None = 10.0
     max_head_bytes: int = 32768 + 8192

@@ -7,43 +7,57 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from uvicorn._types import HTTPScope
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-
-from middleware.types import SEND_NOWAIT, SendNowait
+from middleware.types import SEND_NOWAIT, Scope, SendNowait
+from sidecar.servers.http1.events import Flow
 from sidecar.servers.uvloop_internals import direct_fd
 from sidecar.speedups import core
+
+
+class Answering(Protocol):
+    """What the extension reads and marks of a request's cycle (`cycle.RequestCycle`, which
+    imports this module: named here by what it holds)."""
+
+    scope: Scope
+    transport: asyncio.Transport
+    flow: Flow
+    disconnected: bool
+    response_complete: bool
+    chunked_encoding: bool | None
 
 
 class NowaitOffer:
     """The `sidestream.send_nowait` extension offered in a request's scope (see
     `middleware.types`): its `send` (`send_nowait`), its `abort`, and for the first request
     of the connection not yet complete an `on_disconnect` slot, called when the client goes.
-    Its fields are in the protocol's slots."""
+    """
 
-    cycle: RequestResponseCycle
-    pipeline: deque[tuple[RequestResponseCycle, Any]]
+    # Its two fields are slots of the protocol's: a second base with slots of its own would
+    # conflict with the limits' (`body.BodyLimits`) in the protocol's layout.
+    __slots__ = ()
+
+    cycle: Answering | None
+    pipeline: list[tuple[Any, Any]]  # (cycle, app) of each request waiting its turn
     transport: asyncio.Transport
     # The request whose extension takes an `on_disconnect` listener: the first one not
     # complete (a request pipelined behind it gets none, and its guard reads receive()).
-    _told_cycle: RequestResponseCycle | None
+    _told_cycle: Answering | None
     _told_offer: dict[object, object] | None
 
-    def _offer(self, cycle: RequestResponseCycle, scope: HTTPScope) -> None:
+    def _offer(self, cycle: Answering, scope: Scope) -> None:
         offer: dict[object, object] = {"send": send_nowait(cycle), "abort": self._drop}
         told = self._told_cycle
         if told is None or told.response_complete:
             offer["on_disconnect"] = None  # free for a listener (middleware.types)
-            self._told_cycle, self._told_offer = cycle, offer
+            self._told_cycle, self._told_offer = cycle, offer  # type: ignore[misc]
         scope["extensions"] = {SEND_NOWAIT: offer}
 
     def _tell_gone(self) -> None:
-        """The connection is lost: the told request, if not complete, is marked so (uvicorn
-        marks only the newest request's) and its listener called."""
+        """The connection is lost: the told request, if not complete, is marked so (the
+        connection's own `connection_lost` marks only the newest request's) and its
+        listener called."""
         cycle, offer = self._told_cycle, self._told_offer
         if cycle is not None and offer is not None and not cycle.response_complete:
             cycle.disconnected = True
@@ -58,19 +72,20 @@ class NowaitOffer:
         for queued, _ in self.pipeline:
             withdraw(queued.scope)
         self.pipeline.clear()
-        self._told_cycle = self._told_offer = None
+        self._told_cycle = self._told_offer = None  # type: ignore[misc]
 
     def _drop(self) -> None:
-        """The extension's `abort`: drop the client now. uvicorn logs an app that returns
+        """The extension's `abort`: drop the client now. The cycle logs an app that returns
         with its response incomplete as an error unless the client is gone: every request
         of the connection is marked gone (the one asking, and any pipelined behind it)."""
+        cycle: Answering | None
         for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline)):
             if cycle is not None:
                 cycle.disconnected = True
         self.transport.close()
 
 
-def withdraw(scope: HTTPScope) -> None:
+def withdraw(scope: Scope) -> None:
     """The request's app has returned: its extension drops what it holds. The app put its
     own functions in it (the guard's `send`, its receiver's `on_disconnect`), which hold the
     app's objects, which hold the request's cycle, whose scope holds the extension: without
@@ -80,9 +95,9 @@ def withdraw(scope: HTTPScope) -> None:
         offer.clear()
 
 
-def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
+def send_nowait(cycle: Answering) -> SendNowait:
     """The `SEND_NOWAIT` extension for one request: a chunked body write straight to the
-    transport, what uvicorn's `send` does for such a message, when nothing needs waiting for.
+    transport, what the cycle's `send` does for such a message, when nothing needs waiting for.
     Where the transport allows it (`uvloop_internals.direct_fd`), the chunk goes to the
     socket itself while the transport holds no bytes, and only what the socket did not take
     goes through the transport. Compiled where built: `sidecar/_core.c`'s `ChunkWriter`,
@@ -102,7 +117,7 @@ def send_nowait(cycle: RequestResponseCycle) -> SendNowait:
     def send_nowait(body: bytes) -> bool:
         nonlocal fd, fd_of
         # `chunked_encoding` is None until the response has started, and True only for a
-        # chunked body (uvicorn's choice when no Content-Length was given).
+        # chunked body (the head's choice when no Content-Length was given).
         if (
             flow.write_paused
             or cycle.disconnected

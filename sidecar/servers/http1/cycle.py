@@ -1,71 +1,114 @@
-"""The per-request cycle: uvicorn's, with its `send` and `receive` written for the sidecar."""
+"""One request's ASGI side (`RequestCycle`): its `receive`, its `send` and the task that runs
+its app, on uvicorn's design (a per-request cycle with bound `send` and `receive`, flow
+control an event) and by uvicorn's response rules (`sidecar.servers.response_head`).
+"""
 
 from __future__ import annotations
 
-import logging
+import asyncio
+from collections.abc import Callable
+from typing import Any
 
-from uvicorn._types import ASGI3Application, ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
-
+from middleware.types import ASGIApp, Message, Receive, Scope, Send
+from sidecar.servers.http1.events import Flow, LazyEvent
+from sidecar.servers.http1.nowait import withdraw
 from sidecar.servers.response_head import response_head
-from sidecar.servers.uvicorn_internals.events import LazyEvent
-from sidecar.servers.uvicorn_internals.nowait import withdraw
+from sidecar.servers.uvicorn_internals import ACCESS_LOG, ERROR_LOG
+
+_TEXT = (b"content-type", b"text/plain; charset=utf-8")
+_CLOSE = (b"connection", b"close")
+_500 = [_TEXT, (b"content-length", b"21"), _CLOSE]  # uvicorn's answers, header for header
+_503 = [_TEXT, (b"content-length", b"19"), _CLOSE]
 
 
-class RequestCycle(RequestResponseCycle):
-    """uvicorn's per-request cycle (its `send_500_response`) with its `run_asgi`, `send` and
-    `receive` written for the sidecar: the response head made by `response_head`, body
-    writes without a list to join, and nothing waited on that is already there.
+async def service_unavailable(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app for a request past uvicorn's `limit_concurrency`: 503, as uvicorn answers."""
+    await send({"type": "http.response.start", "status": 503, "headers": _503})
+    await send({"type": "http.response.body", "body": b"Service Unavailable"})
+
+
+class RequestCycle:
+    """One request: its app's `receive` and `send`, the response head made by
+    `response_head`, body writes without a list to join, and nothing waited on that is
+    already there.
 
     The head is held until the response's first body write or the end of the loop turn it
     was sent in, whichever comes first: a stream's head and its first token, which mostly
     come in one upstream read, leave in one write. A system call fewer per response, and
     the one before the first token: on a reader that sleeps between writes, a small write
-    costs ~20 µs (woken on another core). While the head is held, `chunked_encoding` stays
-    None, so the `send_nowait` write refuses and the chunk comes through `send`.
+    costs far more than the copy (woken on another core). While the head is held,
+    `chunked_encoding` stays None, so the `send_nowait` write refuses and the chunk comes
+    through `send`.
 
-    A head that raises (a bad header from the app) leaves the framing as it was, where
-    uvicorn's loop leaves what it had set before the bad header: either way the response has
-    started and `run_asgi` closes the connection.
+    A head that raises (a bad header from the app) leaves the framing as it was: the
+    response has started and `run_asgi` closes the connection.
     """
 
-    # The three fields the `send_nowait` write reads per chunk (`nowait`): slots, so that the
-    # compiled writer reads them in place (sidecar/_core.c's `slot_of`). uvicorn's other
-    # fields stay in the instance dict.
-    __slots__ = ("chunked_encoding", "disconnected", "response_complete")
+    # Slots: `flow`, `transport`, `disconnected`, `response_complete` and `chunked_encoding`
+    # are read per chunk by the `send_nowait` write (`nowait`), the last three in place by
+    # the compiled one (sidecar/_core.c's `slot_of`): keep their names.
+    __slots__ = (
+        "access_log",
+        "body",
+        "chunked_encoding",
+        "default_headers",
+        "disconnected",
+        "expected_content_length",
+        "flow",
+        "held",
+        "keep_alive",
+        "loop",
+        "message_event",
+        "more_body",
+        "on_response",
+        "response_complete",
+        "response_started",
+        "scope",
+        "transport",
+        "waiting_for_100_continue",
+    )
 
-    # The protocol's two loggers (`protocol.GuardedHttpToolsProtocol`), the same objects.
-    logger = logging.getLogger("uvicorn.error")
-    access_logger = logging.getLogger("uvicorn.access")
+    logger = ERROR_LOG
+    access_logger = ACCESS_LOG
 
-    def __init__(self, protocol: HttpToolsProtocol, keep_alive: bool) -> None:
-        # uvicorn's fields, from the protocol it passes them from; the loggers are the class's.
-        self.scope = protocol.scope
-        self.transport = protocol.transport
-        self.flow = protocol.flow
-        self.access_log = protocol.access_log
-        self.default_headers = protocol.server_state.default_headers
+    def __init__(
+        self,
+        scope: Scope,
+        transport: asyncio.Transport,
+        flow: Flow,
+        loop: asyncio.AbstractEventLoop,
+        on_response: Callable[[], None],
+        default_headers: list[tuple[bytes, bytes]],
+        access_log: bool,
+        expect_100_continue: bool,
+        keep_alive: bool,
+    ) -> None:
+        self.scope = scope
+        self.transport = transport
+        self.flow = flow
+        self.loop = loop
+        self.on_response = on_response
+        self.default_headers = default_headers
+        self.access_log = access_log
         # Nothing waits on the event yet: the request's task has not run.
-        self.message_event = LazyEvent()  # type: ignore[assignment]
-        self.on_response = protocol.on_response_complete
+        self.message_event = LazyEvent()
         self.disconnected = False
         self.keep_alive = keep_alive
-        self.waiting_for_100_continue = protocol.expect_100_continue
+        self.waiting_for_100_continue = expect_100_continue
         self.body = bytearray()
         self.more_body = True
         self.response_started = False
         self.response_complete = False
-        self.chunked_encoding = None
+        self.chunked_encoding: bool | None = None
         self.expected_content_length = 0
-        self.loop = protocol.loop
         self.held: tuple[bytes, bool | None] | None = None  # the head, its `chunked_encoding`
 
-    async def run_asgi(self, app: ASGI3Application) -> None:
-        """uvicorn's, with the held head written before each close of a started response
-        (a write after `close()` is dropped), and the request's extension emptied at the end."""
+    async def run_asgi(self, app: ASGIApp) -> None:
+        """The app, and what uvicorn does when it fails: 500 if no response started, else a
+        close (the held head written first: a write after `close()` is dropped); the
+        request's extension emptied at the end."""
         try:
-            result = await app(self.scope, self.receive, self.send)  # type: ignore[func-returns-value]
+            result: Any = await app(self.scope, self.receive, self.send)  # type: ignore[func-returns-value]
         except BaseException as exc:
             self.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not self.response_started:
@@ -84,14 +127,18 @@ class RequestCycle(RequestResponseCycle):
                 self.logger.error("ASGI callable returned without completing response.")
                 self._close()
         finally:
-            self.on_response = lambda: None
+            self.on_response = _nothing
             withdraw(self.scope)  # what the app left in the request's extension (`nowait`)
+
+    async def send_500_response(self) -> None:
+        await self.send({"type": "http.response.start", "status": 500, "headers": _500})
+        await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
 
     def _close(self) -> None:
         self._write_held()
         self.transport.close()
 
-    async def send(self, message: ASGISendEvent) -> None:
+    async def send(self, message: Message) -> None:
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()
         if self.disconnected:
@@ -138,7 +185,7 @@ class RequestCycle(RequestResponseCycle):
                 f"Unexpected ASGI message '{message['type']}' sent, after response already completed."
             )
 
-    def _start(self, message: ASGISendEvent) -> None:
+    def _start(self, message: Message) -> None:
         if message["type"] != "http.response.start":
             raise RuntimeError(
                 f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
@@ -150,9 +197,9 @@ class RequestCycle(RequestResponseCycle):
         if self.access_log:
             self.access_logger.info(
                 '%s - "%s %s HTTP/%s" %d',
-                get_client_addr(self.scope),
+                _client(self.scope),
                 self.scope["method"],
-                get_path_with_query_string(self.scope),
+                _path_and_query(self.scope),
                 self.scope["http_version"],
                 status,
             )
@@ -177,7 +224,7 @@ class RequestCycle(RequestResponseCycle):
         if head and not self.transport.is_closing():
             self.transport.write(head)
 
-    async def receive(self) -> ASGIReceiveEvent:
+    async def receive(self) -> Message:
         if self.waiting_for_100_continue and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self.waiting_for_100_continue = False
@@ -189,10 +236,24 @@ class RequestCycle(RequestResponseCycle):
             self.message_event.clear()
         if self.disconnected or self.response_complete:
             return {"type": "http.disconnect"}
-        message: HTTPRequestEvent = {
-            "type": "http.request",
-            "body": bytes(self.body),
-            "more_body": self.more_body,
-        }
+        message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
         self.body = bytearray()
         return message
+
+
+def _nothing() -> None:
+    """A finished request's `on_response`: the connection's callback is let go."""
+
+
+def _client(scope: Scope) -> str:
+    """The access line's client, as uvicorn writes it."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]:d}" if client else ""
+
+
+def _path_and_query(scope: Scope) -> str:
+    """The access line's target, as uvicorn writes it."""
+    path: str = scope["raw_path"].decode("latin1")
+    if scope["query_string"]:
+        path += "?" + scope["query_string"].decode("ascii")
+    return path

@@ -1,8 +1,8 @@
 """The traffic protocol's request-body limits (`BodyLimits`): a deadline for the whole body,
 and a cap on its trailers, which are never merged into the request's headers.
 
-uvicorn reads a request body for as long as the client cares to trickle it, and appends the
-trailer fields of a chunked body to the request's headers, as many and as large as they
+uvicorn's own protocol reads a request body for as long as the client cares to trickle it,
+and appends the trailer fields of a chunked body to the request's headers, as many and as large as they
 come, for as long as they come: a client holds a `--max-streams` slot with one body byte
 now and then, and a trailer that arrives before the app reads the headers (in the head's
 packet, or while forced usage reads a chat body) reaches the upstream as a header. So:
@@ -27,15 +27,14 @@ request is marked gone: its app hears `http.disconnect`, and whatever it sends i
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from sidecar.servers.uvicorn_internals.limits import BodyDeadlines, HeadLimits, answer
+from sidecar.servers.http1.cycle import RequestCycle
+from sidecar.servers.http1.events import HIGH_WATER_LIMIT, Flow
+from sidecar.servers.http1.limits import BodyDeadlines, HeadLimits, answer
 
 
 class StopParsing(Exception):  # not an error: a limit has answered already
@@ -45,16 +44,17 @@ class StopParsing(Exception):  # not an error: a limit has answered already
 
 class BodyLimits(HeadLimits):
     """The request-body deadline and trailer cap (see the module docstring): armed, counted
-    and checked from the protocol's callbacks. Its fields are in the protocol's slots."""
+    and checked from the protocol's callbacks."""
+
+    __slots__ = ("_bare_chunk", "_body_deadlines", "_read_whole", "_trailer_bytes")
 
     body_timeout: float | None = 60.0
     max_trailer_bytes: int = 32768
-    # uvicorn's fields and method this class reads: annotations only, since this class
-    # comes before uvicorn's in the protocol's bases (a value here would shadow uvicorn's).
-    cycle: RequestResponseCycle  # the request being read, or None
-    parser: httptools.HttpRequestParser
-    pipeline: deque[tuple[RequestResponseCycle, Any]]
-    flow: FlowControl
+    # The protocol's fields and method this class reads.
+    cycle: RequestCycle | None  # the request being read
+    parser: httptools.HttpRequestParser | None
+    pipeline: list[tuple[RequestCycle, Any]]
+    flow: Flow
     _read_whole: bool
     # The class's body deadlines (one per listener class and loop), made at the first body
     # that is not whole when its head is.
@@ -68,11 +68,15 @@ class BodyLimits(HeadLimits):
         self._bare_chunk = True  # cleared by the chunk's data, unless it is the last chunk
 
     def on_body(self, body: bytes) -> None:
-        """uvicorn's (this class comes first in the protocol's bases), and the chunk read last
-        is not the last one."""
+        """A piece of the request's body, for its app; and the chunk read last is not the
+        last one."""
         self._bare_chunk = False
-        cycle = self.cycle
-        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+        cycle, parser = self.cycle, self.parser
+        assert parser is not None
+        if parser.should_upgrade() and self._should_upgrade():
+            return  # handed over: the WebSocket protocol reads what follows
+        assert cycle is not None  # made by the head
+        if cycle.response_complete:
             return
         cycle.body += body
         if len(cycle.body) > HIGH_WATER_LIMIT:
@@ -111,7 +115,9 @@ class BodyLimits(HeadLimits):
         self._body_deadlines = None
         if self._read_whole or self._refused or self.transport.is_closing():
             return
-        if self.flow.read_paused or self.cycle.waiting_for_100_continue:
+        if self.flow.read_paused or (
+            self.cycle is not None and self.cycle.waiting_for_100_continue
+        ):
             self._arm_body()  # the server holds the body back: the wait is not the client's
             return
         message = f"request body not complete within {self.body_timeout} s"
