@@ -50,6 +50,9 @@ ROUTES = {  # GET takes HEAD
     "/": "GET",
 }
 OPEN = frozenset({"/livez", "/readyz", "/metrics"})  # the kubelet's and Prometheus's: anyone
+# Readiness stays as the upstream makes it: resume is optional, and a sidecar in the data path
+# must not leave its Service over it. The detail says so, for whoever looks.
+STORE_UNREACHABLE = "resume store unreachable (streams go on; resume answers 503 until it is back)"
 
 logger = logging.getLogger("sidestream")
 
@@ -118,8 +121,12 @@ class AdminApp:
         metrics: Callable[[], Awaitable[bytes] | bytes] | None = None,
         *,
         token: AdminToken | None = None,
+        resume_store: object = None,
     ) -> None:
+        """`resume_store`: the resume store, whose `failing` (a Redis store's) `/readyz`
+        names in its detail."""
         self.registry = registry
+        self.resume_store = resume_store
         self.health = health
         self.start_drain = start_drain
         self.metrics = metrics
@@ -179,6 +186,8 @@ class AdminApp:
         if self.registry.draining:
             return _json(503, {"status": "draining"})
         healthy, detail = await self.health.check()
+        if getattr(self.resume_store, "failing", False):
+            detail = f"{detail}; {STORE_UNREACHABLE}"
         return _json(
             200 if healthy else 503,
             {"status": "ok" if healthy else "unready", "detail": detail},

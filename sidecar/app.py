@@ -159,8 +159,15 @@ class Sidecar:
         if self.guard.resume is not None:
             metrics = with_resume_metrics(metrics, self.guard.resume, self.registry)
         metrics = with_build_info(metrics, self.registry)
+        resume: Any = self.guard.resume  # middleware.resume.Resume: `/readyz` names its store
+        store = None if resume is None else resume.store
         self.admin = AdminApp(
-            self.registry, self.health, self.start_drain, metrics, token=settings.admin_token_file
+            self.registry,
+            self.health,
+            self.start_drain,
+            metrics,
+            token=settings.admin_token_file,
+            resume_store=store,
         )
         self.servers: list[Listener] = []
         self._drain: asyncio.Task[None] | None = None

@@ -182,10 +182,14 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], str | None, str], ...] = (
     ("resume", flag_bool, "false", "resumable streams: stream ids, Last-Event-ID resume, stop"),
     (
         "resume-store",
-        expecting("memory, or a redis://, rediss:// or redis+sentinel:// URL", resume_store),
+        expecting(
+            "memory, or a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL",
+            resume_store,
+        ),
         "memory",
-        "memory, or redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... (TLS) or "
-        "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (any replica)",
+        "memory, or redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... (TLS), "
+        "redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB] or "
+        "redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...] (any replica)",
     ),
     (
         "resume-grace",

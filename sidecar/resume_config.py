@@ -6,7 +6,8 @@
   stays out of a pod spec (a Kubernetes Secret mounted as a file);
 - `--resume-credential-headers`: the request headers a resume or stop must repeat;
 - `--resume-store`: `memory` or a Redis URL, read by redis-py's own URL handling (a Sentinel
-  one, `redis+sentinel://`, by `middleware.resume.redis_connect`).
+  one, `redis+sentinel://`, and a Cluster one, `redis+cluster://`, by
+  `middleware.resume.redis_connect`).
 
 A file's contents never appear in an error message, a `repr` or a log line: errors name the
 file, and `FileSecret` shows its path only.
@@ -39,17 +40,19 @@ class FileSecret:
 
 def resume_store(value: str) -> str:
     """`memory`, or a Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB] (rediss:// with TLS),
-    read by redis-py, or redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB].
-    An error shows the URL without its password."""
+    read by redis-py, redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB], or
+    redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]. An error shows the URL without its
+    password."""
     from middleware.resume.redis_connect import connect, shown
 
     if value == "memory":
         return value
-    if value.startswith(("redis://", "rediss://", "redis+sentinel://")):
+    if value.startswith(("redis://", "rediss://", "redis+sentinel://", "redis+cluster://")):
         connect(value)
         return value
     raise ValueError(
-        f"expected 'memory' or a redis://, rediss:// or redis+sentinel:// URL, got {shown(value)!r}"
+        "expected 'memory' or a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL, "
+        f"got {shown(value)!r}"
     )
 
 

@@ -56,7 +56,7 @@ def make_store(
 ) -> Store:
     """The store a URL names; `password` (apart from the URL) and `ca` are Redis's."""
     if isinstance(store, str) and store.startswith(
-        ("redis://", "rediss://", "unix://", "redis+sentinel://")
+        ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
     ):
         from middleware.resume.redis import RedisStore
 

@@ -11,12 +11,15 @@ counted, logged (once a minute at most), and dropped; the producer keeps its own
 stream (within `max_bytes`, and `ENDED_HOLD` past its end), and once Redis answers again,
 whatever Redis lacks of it is re-appended before anything else is written (`_repair`): after
 a restart, or a Sentinel failover that lost the writes not yet replicated.
+
+On a Redis Cluster (`redis+cluster://`) the same, with each stream's keys under one hash tag
+(`redis_keys.Keys`) and a run of appends split into one script call per slot (`SlotAppends`):
+the cluster pipeline sends each command to its slot's node, and redis-py follows MOVED and ASK.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -26,12 +29,14 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ClusterError, TryAgainError
 
 from middleware.resume.ids import same_credentials
-from middleware.resume.redis_connect import connect, shown
-from middleware.resume.redis_keys import PREFIX, REFRESH_SECONDS
+from middleware.resume.redis_connect import CLUSTER, ERRORS, connect, shown
+from middleware.resume.redis_keys import PREFIX as PREFIX
+from middleware.resume.redis_keys import REFRESH_SECONDS, REPLICA, STOP, Keys
 from middleware.resume.redis_reader import BLOCK_MS, RedisReader
-from middleware.resume.redis_writes import Appends, restore, stored_up_to
+from middleware.resume.redis_writes import Appends, SlotAppends, restore_all
 from middleware.resume.store import (
     Limits,
     ResumePointGone,
@@ -51,6 +56,10 @@ FLUSH_SECONDS = 0.02  # how long appends gather before one write: latency to oth
 BATCH_OPS = 500
 ENDED_HOLD = 10.0  # seconds an ended stream's copy is kept, to restore its end after a failover
 LOG_EVERY = 60.0  # seconds between two log lines while the store keeps failing
+
+
+# Errors after which Redis may lack writes it once took: `_repair` restores them.
+_LOSING = (aioredis.ReadOnlyError, ClusterError, TryAgainError)
 
 
 class RedisLog:
@@ -105,7 +114,7 @@ class RedisLog:
         self.store.ended(self.stream_id)
 
     async def remote_readers(self) -> bool:
-        return bool(await self.store.client.exists(f"{PREFIX}{self.stream_id}:r"))
+        return bool(await self.store.client.exists(self.store.keys.stream(self.stream_id) + ":r"))
 
 
 class RedisStore:
@@ -125,6 +134,8 @@ class RedisStore:
         self.replica = secrets.token_urlsafe(9)
         timeouts = {"socket_connect_timeout": 1.0, "socket_timeout": BLOCK_MS / 1000 + 4}
         self.client: Any = connect(url, password=password, ca=ca, **timeouts)  # redis_connect
+        self.cluster = url.startswith(CLUSTER)
+        self.keys = Keys(self.cluster)
         # Operations not written yet: a batch is taken from the head, `retract` from the tail.
         self.pending: deque[tuple[str, str, int, bytes]] = deque()
         self.pending_bytes = 0
@@ -189,10 +200,10 @@ class RedisStore:
                 ttl = int(self.limits.ttl * 1000)
                 pipe = self.client.pipeline(transaction=False)
                 touched: set[str] = set()
-                now, refreshed = loop.time(), self.refreshed
-                adds = Appends()
+                now, refreshed, keys = loop.time(), self.refreshed, self.keys
+                adds = SlotAppends(self.client.keyslot) if self.cluster else Appends()
                 for op, stream_id, n, data in batch:
-                    key = PREFIX + stream_id
+                    key = keys.stream(stream_id)
                     if op == "add":
                         adds.add(key, n, data)
                         if now - refreshed.get(key, 0.0) > REFRESH_SECONDS:
@@ -214,7 +225,7 @@ class RedisStore:
                     pipe.pexpire(f"{key}:m", ttl)
                 try:
                     replies = await pipe.execute(raise_on_error=False)
-                except (aioredis.RedisError, OSError) as exc:
+                except ERRORS as exc:
                     self.failed(exc)
                     continue
                 # A command Redis refused (a server without scripting, a key of another
@@ -233,24 +244,15 @@ class RedisStore:
         # What is queued is in the copies: dropped, and the copies as they are now written.
         self.pending.clear()
         self.pending_bytes = 0
-        held = [(log, log.n, log.outcome) for log in self.logs.values()]
-        ttl = int(self.limits.ttl * 1000)
+        # As they are now (a copy: a stream may append or retract while Redis is asked).
+        key = self.keys.stream
+        held = [
+            (key(log.stream_id), log.meta, log.first, tuple(log.events), log.n, log.outcome)
+            for log in self.logs.values()
+        ]
         try:
-            pipe = self.client.pipeline(transaction=False).ping()  # Redis is back: no stream too
-            for log, _, _ in held:
-                pipe.xrevrange(PREFIX + log.stream_id, "+", "-", count=1)
-            _, *tops = await pipe.execute()
-            pipe = self.client.pipeline(transaction=False)
-            for (log, n, outcome), top in zip(held, tops, strict=True):
-                stored = stored_up_to(top)
-                if stored is not None:
-                    copy = (log.meta, log.first, log.events, min(n, log.n))
-                    restore(pipe, PREFIX + log.stream_id, stored, copy, ttl, outcome)
-            replies = await pipe.execute(raise_on_error=False)
-            refused = next((r for r in replies if isinstance(r, Exception)), None)
-            if refused is not None:
-                raise refused
-        except (aioredis.RedisError, OSError) as exc:
+            await restore_all(self.client, self.cluster, held, int(self.limits.ttl * 1000))
+        except ERRORS as exc:
             self.pending.clear()  # in the copies too, for the next try
             self.pending_bytes = 0
             self.failed(exc)
@@ -262,9 +264,10 @@ class RedisStore:
     def failed(self, exc: BaseException) -> None:
         self.failures += 1
         # A command Redis refuses is refused again: only a lost connection (or a primary
-        # turned replica) may have lost writes that a repair restores.
+        # turned replica, a cluster node down or between owners) may have lost writes that a
+        # repair restores.
         lost = not isinstance(exc, aioredis.ResponseError)
-        self.suspect |= lost or isinstance(exc, aioredis.ReadOnlyError)
+        self.suspect |= lost or isinstance(exc, _LOSING)
         now = time.monotonic()
         if not self.failing or now - self.logged >= LOG_EVERY:
             self.failing, self.logged = True, now
@@ -277,10 +280,17 @@ class RedisStore:
         self.background = [loop.create_task(self._alive()), loop.create_task(self._listen())]
 
     async def _alive(self) -> None:
-        key = f"{PREFIX}replica:{self.replica}"
+        """The replica's liveness key, every second; and so the store's state (`failing`,
+        which `/readyz` shows) even while no stream writes: an unreachable store is noticed,
+        and one that returns is written back to (`_repair`) and no longer failing."""
+        key = REPLICA + self.replica
         while True:
-            with contextlib.suppress(aioredis.RedisError, OSError):
+            try:
                 await self.client.set(key, b"1", px=LIVENESS_MS)
+            except ERRORS as exc:
+                self.failed(exc)
+            else:
+                self.failing = self.failing and self.suspect  # else `_repair` clears it
             await asyncio.sleep(REFRESH_SECONDS)
 
     async def _listen(self) -> None:
@@ -288,11 +298,11 @@ class RedisStore:
         while True:
             try:
                 pubsub = self.client.pubsub()
-                await pubsub.subscribe(PREFIX + "stop")
+                await pubsub.subscribe(STOP)
                 async for message in pubsub.listen():
                     if message["type"] == "message" and self.on_stop is not None:
                         self.on_stop(message["data"].decode())
-            except (aioredis.RedisError, OSError):
+            except ERRORS:
                 await asyncio.sleep(REFRESH_SECONDS)
 
     # -- the reading side ------------------------------------------------------------------
@@ -300,14 +310,15 @@ class RedisStore:
     async def _meta(self, stream_id: str, credentials: str) -> dict[str, str]:
         """The stream's meta: credentials hash `c`, producing replica `r`, the first
         response's allowed origin `o`, the generating span `t`."""
+        key = self.keys.stream(stream_id) + ":m"
         try:
-            meta = await self.client.get(f"{PREFIX}{stream_id}:m")
+            meta = await self.client.get(key)
             for _ in range(OPEN_RETRIES):  # a stream just opened elsewhere may be a write behind
                 if meta is not None:
                     break
                 await asyncio.sleep(OPEN_RETRY_SECONDS)
-                meta = await self.client.get(f"{PREFIX}{stream_id}:m")
-        except aioredis.RedisError as exc:
+                meta = await self.client.get(key)
+        except ERRORS as exc:
             self.failed(exc)
             raise StoreUnavailable() from exc
         if meta is None:
@@ -319,30 +330,34 @@ class RedisStore:
 
     async def attach(self, stream_id: str, after: int, credentials: str) -> RedisReader:
         meta = await self._meta(stream_id, credentials)
+        key = self.keys.stream(stream_id)
         try:
-            first = await self.client.xrange(PREFIX + stream_id, "-", "+", count=1)
-        except aioredis.RedisError as exc:
+            first = await self.client.xrange(key, "-", "+", count=1)
+        except ERRORS as exc:
             self.failed(exc)
             raise StoreUnavailable() from exc
         if first and int(first[0][0].split(b"-")[0]) > after + 1 and b"e" in first[0][1]:
             raise ResumePointGone()
-        return RedisReader(self.client, self.failed, stream_id, after, meta)
+        return RedisReader(self.client, self.failed, key, after, meta)
 
     async def check(self, stream_id: str, credentials: str) -> None:
         await self._meta(stream_id, credentials)
 
     async def stop_elsewhere(self, stream_id: str) -> None:
         try:
-            await self.client.publish(PREFIX + "stop", stream_id)
-        except aioredis.RedisError as exc:
+            await self.client.publish(STOP, stream_id)
+        except ERRORS as exc:
             self.failed(exc)
             raise StoreUnavailable() from exc
 
     async def ping(self) -> None:
-        """At start: Redis unreachable is a warning, not an exit (resume answers 503)."""
+        """At start: Redis unreachable is a warning, not an exit (resume answers 503); the
+        liveness loop (`_alive`) then follows whether it is reachable."""
+        if not self.background:
+            self.start()
         try:
             await self.client.ping()
-        except (aioredis.RedisError, OSError) as exc:
+        except ERRORS as exc:
             if not self.failing:  # one line, until a write succeeds (`failed`, `_flush`)
                 self.failing, self.logged = True, time.monotonic()
                 logger.warning("resume store: Redis at %s is unusable now: %s", self.url, exc)

@@ -11,6 +11,10 @@ of a primary; redis-py has no URL form for it, so it is read here (`sentinel_url
 to redis-py's `Sentinel`, whose `master_for(SERVICE)` finds the primary and follows a
 failover. The user and password are the primary's (and its replicas'); the sentinels are
 asked without them, redis-py's default (`sentinel_kwargs` carries only socket options).
+
+`redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` names some nodes of a Redis Cluster
+(`cluster_url`); redis-py's `RedisCluster` learns the rest, and each slot's node, from them,
+and follows MOVED and ASK by itself. A cluster has one database: no path is read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,18 @@ from typing import Any
 
 SENTINEL = "redis+sentinel://"
 SENTINEL_PORT = 26379
+CLUSTER = "redis+cluster://"
+REDIS_PORT = 6379
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import RedisClusterException, RedisError
+
+    # `RedisClusterException` (no node reachable, a slot no node serves) is no `RedisError`.
+    return RedisError, RedisClusterException, OSError
+
+
+ERRORS = _errors()  # what a store command may raise: the store failed, the stream goes on
 
 
 @dataclass(frozen=True)
@@ -34,11 +50,22 @@ class SentinelURL:
     password: str | None
 
 
+@dataclass(frozen=True)
+class ClusterURL:
+    """What a `redis+cluster://` URL names: no connection is made."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+
+
 def connect(url: str, *, password: str | None = None, ca: str | None = None, **options: Any) -> Any:
     """A `redis.asyncio.Redis` client for `url` (no connection is made yet); ValueError, naming
     the URL only as `shown`, for a URL redis-py refuses or options that do not fit it."""
     if url.startswith(SENTINEL):
         return _sentinel_client(url, password, ca, options)
+    if url.startswith(CLUSTER):
+        return _cluster_client(url, password, ca, options)
     import redis.asyncio as aioredis
     from redis.asyncio.connection import SSLConnection, parse_url
 
@@ -84,6 +111,49 @@ def _sentinel_client(url: str, password: str | None, ca: str | None, options: An
     return sentinel.master_for(parsed.service, db=parsed.db, **options)
 
 
+def _cluster_client(url: str, password: str | None, ca: str | None, options: Any) -> Any:
+    """A redis-py `RedisCluster` started from the URL's nodes."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    parsed = cluster_url(url)
+    if ca is not None:
+        raise ValueError(f"{shown(url)}: CA certificates are for a rediss:// (TLS) store")
+    if password is not None and parsed.password is not None:
+        raise ValueError(f"{shown(url)}: the password is given twice (in the URL and apart)")
+    nodes = [ClusterNode(host, port) for host, port in parsed.nodes]
+    secret = password if password is not None else parsed.password
+    return RedisCluster(startup_nodes=nodes, username=parsed.username, password=secret, **options)
+
+
+def cluster_url(url: str) -> ClusterURL:
+    """The parts of a `redis+cluster://` URL; ValueError, naming it only as `shown`."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{shown(url)}: {why} (expected {CLUSTER}"
+                          "[USER:PASSWORD@]HOST:PORT[,HOST:PORT…])")  # fmt: skip
+
+    rest = url[len(CLUSTER) :]
+    if "?" in rest or "#" in rest:
+        raise bad("a query or fragment is not read")
+    netloc, _, path = rest.partition("/")
+    username, password, hosts = _userinfo(netloc)
+    if path:
+        raise bad("a cluster has one database: no path is read")
+    nodes = tuple(_address(part, n, bad, "node", REDIS_PORT) for n, part in enumerate(hosts.split(","), 1))  # fmt: skip
+    return ClusterURL(nodes, username, password)
+
+
+def _userinfo(netloc: str) -> tuple[str | None, str | None, str]:
+    """USER:PASSWORD@HOSTS: the user and password (percent-decoded, None if absent), HOSTS."""
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = urllib.parse.unquote(user) or None
+        password = urllib.parse.unquote(secret) if colon else None
+    return username, password, hosts
+
+
 def sentinel_url(url: str) -> SentinelURL:
     """The parts of a `redis+sentinel://` URL; ValueError, naming it only as `shown`."""
 
@@ -95,13 +165,11 @@ def sentinel_url(url: str) -> SentinelURL:
     if "?" in rest or "#" in rest:
         raise bad("a query or fragment is not read")
     netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = urllib.parse.unquote(user) or None
-        password = urllib.parse.unquote(secret) if colon else None
-    sentinels = tuple(_address(part, n, bad) for n, part in enumerate(hosts.split(","), 1))
+    username, password, hosts = _userinfo(netloc)
+    sentinels = tuple(
+        _address(part, n, bad, "sentinel", SENTINEL_PORT)
+        for n, part in enumerate(hosts.split(","), 1)
+    )
     service, _, db = path.partition("/")
     if not service:
         raise bad("no SERVICE (the primary's name in the sentinels' configuration)")
@@ -110,23 +178,23 @@ def sentinel_url(url: str) -> SentinelURL:
     return SentinelURL(sentinels, urllib.parse.unquote(service), int(db or 0), username, password)
 
 
-def _address(part: str, number: int, bad: Any) -> tuple[str, int]:
-    """HOST:PORT, [IPv6]:PORT or HOST (the sentinel port, 26379). An error names the
-    address by its place: a password with an unescaped `/` would be in the text."""
+def _address(part: str, number: int, bad: Any, kind: str, default: int) -> tuple[str, int]:
+    """HOST:PORT, [IPv6]:PORT or HOST (port `default`). An error names the `kind` address by
+    its place: a password with an unescaped `/` would be in the text."""
     host, port = part, ""
     if part.startswith("["):
         host, bracket, port = part[1:].partition("]")
         if not bracket or (port and not port.startswith(":")):
-            raise bad(f"sentinel address {number} cannot be read")
+            raise bad(f"{kind} address {number} cannot be read")
         port = port[1:]
     elif ":" in part:
         host, _, port = part.rpartition(":")
     if not host or any(c in host for c in " /@[]"):
-        raise bad(f"sentinel address {number} has no host")
+        raise bad(f"{kind} address {number} has no host")
     if not port:
-        return host, SENTINEL_PORT
+        return host, default
     if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-        raise bad(f"sentinel address {number} has no valid port")
+        raise bad(f"{kind} address {number} has no valid port")
     return host, int(port)
 
 

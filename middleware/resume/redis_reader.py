@@ -10,9 +10,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from middleware.resume.redis_keys import PREFIX, REFRESH_SECONDS
+from middleware.resume.redis_connect import ERRORS
+from middleware.resume.redis_keys import REFRESH_SECONDS, REPLICA
 from middleware.resume.store import LOST, ResumeGap, ResumePointGone, StoreUnavailable
 
 READER_MS = 5000  # a reader's key lives this long unless refreshed
@@ -23,15 +22,15 @@ class RedisReader:
     """One resume request's cursor: XREAD after the last entry it has."""
 
     __slots__ = (
-        "client", "cursor", "failed", "link", "next", "origin", "point", "refreshed", "replica",
-        "stream_id",
+        "client", "cursor", "failed", "key", "link", "next", "origin", "point", "refreshed",
+        "replica",
     )  # fmt: skip
 
     def __init__(
         self,
         client: Any,
         failed: Callable[[BaseException], object],
-        stream_id: str,
+        key: str,
         after: int,
         meta: dict[str, str],
     ) -> None:
@@ -40,14 +39,14 @@ class RedisReader:
         self.replica = meta.get("r", "")
         self.client = client
         self.failed = failed  # the store's: counted, logged, and what Redis lost restored
-        self.stream_id = stream_id
+        self.key = key  # the stream's (`redis_keys.Keys`)
         self.cursor = f"{after}-1" if after else "0-0"
         self.refreshed = 0.0
         self.point = after  # -1 once an entry came; until then XREAD may be past the end
         self.next = after + 1  # the entry due next: a later one means a hole (below)
 
     async def read(self, timeout: float | None) -> tuple[list[bytes], bool]:
-        client, key = self.client, PREFIX + self.stream_id
+        client, key = self.client, self.key
         loop = asyncio.get_running_loop()
         block = BLOCK_MS if timeout is None else int(min(timeout, BLOCK_MS / 1000) * 1000)
         try:
@@ -59,10 +58,10 @@ class RedisReader:
                 return [], True  # at or past the last event of a finished stream: its end, now
             reply = await client.xread({key: self.cursor}, block=max(block, 1))
             if not reply:
-                if not await client.exists(f"{PREFIX}replica:{self.replica}"):
+                if not await client.exists(REPLICA + self.replica):
                     return [_upstream_gone()], True
                 return [], False
-        except aioredis.RedisError as exc:
+        except ERRORS as exc:
             self.failed(exc)
             raise StoreUnavailable() from exc
         self.point = -1  # the end entry now lies after the cursor: XREAD returns it

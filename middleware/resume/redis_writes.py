@@ -9,8 +9,12 @@ the store lost needs no bookkeeping of what was written before, only the store's
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+# A stream as its producer holds it: its key, its meta, its first kept event's number, the
+# events it keeps, the last one's number, and its outcome once it ended.
+Held = tuple[str, bytes, int, Sequence[bytes], int, bytes | None]
 
 # Appends go to Redis as one script call per run of them (`Appends`), not one XADD command
 # each: redis-py packs every argument and reads every reply in Python, which came to most of
@@ -52,6 +56,30 @@ class Appends:
             self.keys, self.events, self.places = {}, [], []
 
 
+class SlotAppends:
+    """`Appends` on a Redis Cluster, where a script's keys must share a slot: a run per slot
+    (a stream's keys share one: `redis_keys.Keys`), each its own call, sent to that slot's
+    node by the cluster pipeline."""
+
+    __slots__ = ("runs", "slot")
+
+    def __init__(self, slot: Callable[[str], int]) -> None:
+        self.slot = slot  # the client's `keyslot`
+        self.runs: dict[int, Appends] = {}
+
+    def add(self, key: str, n: int, event: bytes) -> None:
+        slot = self.slot(key)
+        run = self.runs.get(slot)
+        if run is None:
+            run = self.runs[slot] = Appends()
+        run.add(key, n, event)
+
+    def write(self, pipe: Any) -> None:
+        for run in self.runs.values():
+            run.write(pipe)
+        self.runs.clear()
+
+
 def stored_up_to(top: Sequence[Any]) -> int | None:
     """The last event number a stream's last entry (`XREVRANGE … COUNT 1`) shows, 0 for no
     entry, None when that entry is the end (the store has the whole stream)."""
@@ -79,3 +107,25 @@ def restore(pipe: Any, key: str, stored: int, held: tuple[bytes, int, Sequence[b
         pipe.xadd(key, {b"end": outcome}, id=f"{n + 1}-1")
     pipe.pexpire(key, ttl)
     pipe.pexpire(f"{key}:m", ttl)
+
+
+async def restore_all(client: Any, cluster: bool, held: Sequence[Held], ttl: int) -> None:
+    """Two round trips: each held stream's last entry in Redis, then what it lacks after it
+    (`restore`). Raises what redis-py raises, and the first command Redis refused."""
+    pipe = client.pipeline(transaction=False)
+    if cluster:  # no PING in a cluster pipeline: it has no key to route it by
+        await client.ping()
+    else:
+        pipe.ping()  # Redis is back: no stream too
+    for key, *_ in held:
+        pipe.xrevrange(key, "+", "-", count=1)
+    tops = (await pipe.execute())[0 if cluster else 1 :]
+    pipe = client.pipeline(transaction=False)
+    for (key, meta, first, events, n, outcome), top in zip(held, tops, strict=True):
+        stored = stored_up_to(top)
+        if stored is not None:
+            restore(pipe, key, stored, (meta, first, events, n), ttl, outcome)
+    replies = await pipe.execute(raise_on_error=False)
+    refused = next((r for r in replies if isinstance(r, Exception)), None)
+    if refused is not None:
+        raise refused

@@ -1,14 +1,18 @@
 """The Sentinel store URL, `redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]`
-(`middleware.resume.redis_connect.sentinel_url`): what it names, what redis-py's `Sentinel`
-is given for it, and the clear error, without the password, for one that cannot be read."""
+(`middleware.resume.redis_connect.sentinel_url`), and the Cluster one, `redis+cluster://…`
+(`cluster_url`): what each names, what redis-py's `Sentinel` or `RedisCluster` is given for
+it, and the clear error, without the password, for one that cannot be read."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
-from middleware.resume.redis_connect import connect, sentinel_url, shown
+from middleware.resume.redis_connect import cluster_url, connect, sentinel_url, shown
+from middleware.resume.redis_keys import Keys
 from sidecar.config import load
 
 SECRET = "hunter2"
@@ -115,3 +119,75 @@ def test_the_shown_url_hides_a_password_whatever_it_holds() -> None:
     for password in (f"{SECRET}/x", f"{SECRET}?x", f"x@{SECRET}"):
         assert SECRET not in shown(f"redis+sentinel://u:{password}@a:1/s")
         assert SECRET not in shown(f"redis://u:{password}@a:1/0")
+
+
+def test_a_cluster_url_names_its_nodes_and_credentials() -> None:
+    """Rule: `redis+cluster://` lists some nodes of the cluster (HOST:PORT, [IPv6]:PORT, or
+    HOST for port 6379), user and password percent-decoded; no database (a cluster has one)."""
+    parsed = cluster_url("redis+cluster://app:p%40ss@10.0.0.1:7000,node-b,[::1]:7002")
+    assert parsed.nodes == (("10.0.0.1", 7000), ("node-b", 6379), ("::1", 7002))
+    assert (parsed.username, parsed.password) == ("app", "p@ss")
+    assert cluster_url("redis+cluster://h:1").password is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis+cluster://:{SECRET}@h:port",
+        f"redis+cluster://:{SECRET}@h:1,,h:2",
+        f"redis+cluster://:{SECRET}@h:1/0",  # a database: a cluster has only one
+        f"redis+cluster://:{SECRET}@h:1?socket_timeout=1",
+        f"redis+cluster://u:{SECRET}/x@h:1",  # a password with `/` not percent-encoded
+    ],
+)
+def test_a_malformed_cluster_url_is_a_value_error_without_its_password(url: str) -> None:
+    """Rule: a cluster URL that cannot be read is a ValueError that shows the URL with `***`
+    for the password, names the form expected, and never holds the password."""
+    with pytest.raises(ValueError) as caught:
+        connect(url)
+    message = str(caught.value)
+    assert SECRET not in message and "***" in message and "HOST:PORT[,HOST:PORT…]" in message
+
+
+def test_the_cluster_client_is_redis_py_redis_cluster_on_the_url_nodes() -> None:
+    """Rule: the client is redis-py's `RedisCluster` (no connection made yet), started from the
+    URL's nodes with its credentials, or the password file's; both, or CA certificates, are
+    errors."""
+    client = connect("redis+cluster://app:pw@127.0.0.1:7000,127.0.0.1:7001", socket_timeout=2.0)
+    assert isinstance(client, RedisCluster)
+    nodes = client.nodes_manager.startup_nodes
+    assert sorted(node.port for node in nodes.values()) == [7000, 7001]
+    assert (client.connection_kwargs["username"], client.connection_kwargs["password"]) == (
+        "app",
+        "pw",
+    )
+    assert connect("redis+cluster://h:1", password="f").connection_kwargs["password"] == "f"
+    with pytest.raises(ValueError, match="given twice"):
+        connect(f"redis+cluster://:{SECRET}@h:1", password="from-file")
+    with pytest.raises(ValueError, match="rediss://"):
+        connect("redis+cluster://h:1", ca="/etc/ssl/ca.pem")
+
+
+def test_the_flag_takes_a_cluster_url_and_names_a_bad_one_without_its_password(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Rule: `--resume-store redis+cluster://…` is accepted (with the shared secret); a
+    malformed one is a one-line flag error without the password."""
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32)
+    url = f"redis+cluster://app:{SECRET}@127.0.0.1:7000,127.0.0.1:7001"
+    flags = ["--resume", "--resume-secret-file", str(secret)]
+    settings = load(["--upstream", "http://127.0.0.1:1", *flags, "--resume-store", url], {})
+    assert settings.resume_store == url
+    err = settings_error(capsys, *flags, "--resume-store", url + "/0")
+    assert "--resume-store" in err and SECRET not in err and "***" in err
+
+
+def test_a_stream_keys_share_a_hash_tag_on_a_cluster_only() -> None:
+    """Rule: on a cluster a stream's keys are `{<id>}`-tagged, so its stream, meta and
+    reader keys hash to one slot; one server keeps the plain names stores already hold."""
+    tagged, plain = Keys(cluster=True).stream("abc"), Keys(cluster=False).stream("abc")
+    assert tagged == "sidestream:resume:{abc}" and plain == "sidestream:resume:abc"
+    assert len({key_slot(k.encode()) for k in (tagged, tagged + ":m", tagged + ":r")}) == 1
+    slots = {key_slot(Keys(cluster=True).stream(f"s{n}").encode()) for n in range(20)}
+    assert len(slots) > 1
