@@ -1,16 +1,14 @@
-/* middleware/_relaycore.c: `RelayCore` of middleware/relaycore.py, compiled.
+/* middleware/_relaycore.c: `Tally` and `RelayCore` of middleware/relaycore.py, compiled.
  *
- * The same class, line for line: the same fields (as C members), `send_nowait`, `_account`,
- * `_tally` and `_relayed`, each Python line as a comment above its C (`_tally` is a C
- * function only: nothing but `_account` calls it). Read it beside relaycore.py; a
- * change to one is a change to the other (the test suite runs once with each:
- * SIDESTREAM_NO_EXTENSIONS=1 picks the Python one). `advance` is sse.advance.
+ * The same classes, line for line: the same fields (as C members), `Tally.add` (a C function
+ * only: only `_account` calls it), `send_nowait`, `_account` and `_relayed`, each Python line
+ * as a comment above its C. Read it beside relaycore.py; a change to one is a change to the
+ * other (SIDESTREAM_NO_EXTENSIONS=1 picks the Python one). `advance` is sse.advance.
  *
- * Subclassed by relay.Relay (Python), which reads and writes these fields like slots.
- * `_relayed` may be overridden (telemetry's ObservedCycle): `_account` calls the
- * override through the type; the compiled `_relayed` directly when there is none. A token
- * chunk of the stream's `frame` goes to the compiled `_tally` instead, which calls no
- * Python unless the frame is Python's (`frame.matches`) or the times are due a `_fold`.
+ * RelayCore is subclassed by relay.Relay (Python), which uses these fields like slots; its
+ * `_relayed` may be overridden (telemetry's ObservedCycle's is called, else the compiled one
+ * directly). A token chunk of the tally's `frame` goes to the tally, a C struct (C integers:
+ * no int made per token): no Python call unless the frame is Python's or a fold is due.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,47 +16,40 @@
 #include <time.h>
 
 /* Set once at import: Phase.BODY and the five LineState members, in value order. */
-static PyObject *BODY = NULL;
-static PyObject *STATES[5] = {NULL};
+static PyObject *BODY = NULL, *STATES[5] = {NULL};
 enum { EVENT, LINE, MID, CR_LINE, CR_EVENT };
 static const int AFTER_LF[5] = {EVENT, EVENT, LINE, LINE, EVENT};
 static const int AFTER_CR[5] = {CR_EVENT, CR_EVENT, CR_LINE, CR_EVENT, CR_EVENT};
 
-static PyObject *str_ends, *str_undo, *str_scan, *str_relayed, *str_matches, *str_times_kept,
-    *str_fold;
+static PyObject *str_ends, *str_undo, *str_scan, *str_relayed, *str_matches;
 static PyObject *relayed_descr = NULL; /* RelayCore._relayed, to spot an override */
+static PyTypeObject *TallyType = NULL;
 
 typedef struct {
     PyObject_HEAD
-    Py_ssize_t body_bytes;
-    Py_ssize_t chunks;
-    PyObject *edit;
+    Py_ssize_t body_bytes, chunks, kept;
+    PyObject *fold, *frame, *times;
+} Tally;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *edit, *first_token_at, *inflater, *keepalive, *line_state, *phase, *reason;
+    PyObject *scanner, *sending_since, *server_nowait, *tally;
     /* edit.ends, read once when the edit is set (an edit's `ends` is fixed): whether it is
      * None (every chunk is the edit's), else its bytes as a 256-bit set */
     char edit_every;
     unsigned char edit_ends[32];
-    PyObject *first_token_at;
-    PyObject *frame;
-    PyObject *inflater;
-    PyObject *keepalive;
-    double last_chunk;
-    double last_write;
-    PyObject *line_state;
-    PyObject *phase;
-    PyObject *reason;
-    PyObject *scanner;
-    PyObject *sending_since;
-    PyObject *server_nowait;
+    double last_chunk, last_write;
     Py_ssize_t slice_bytes;
-    PyObject *times;
 } RelayCore;
 
 #define FIELDS_BUT_EDIT(X) \
-    X(first_token_at) X(frame) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) \
-    X(scanner) X(sending_since) X(server_nowait) X(times)
+    X(first_token_at) X(inflater) X(keepalive) X(line_state) X(phase) X(reason) X(scanner) \
+    X(sending_since) X(server_nowait) X(tally)
 #define FIELDS(X) X(edit) FIELDS_BUT_EDIT(X)
+#define TALLY_FIELDS(X) X(fold) X(frame) X(times)
 
-/* `del core.frame` leaves a field NULL: where a field is read, that is AttributeError, as
+/* `del tally.frame` leaves a field NULL: where a field is read, that is AttributeError, as
  * the twin's empty slot raises when read (1 then, else 0) */
 static int unset(PyObject *field, const char *name) {
     if (field != NULL) return 0;
@@ -89,12 +80,6 @@ static int advance(int state, const unsigned char *chunk, Py_ssize_t n) {
         else state = MID;
     }
     return state;
-}
-
-static int set_field(PyObject **field, PyObject *value) {
-    Py_INCREF(value);
-    Py_XSETREF(*field, value);
-    return 0;
 }
 
 /* def _relayed(self, body, now) */
@@ -128,56 +113,45 @@ static int relayed(RelayCore *self, PyObject *body, double now) {
     }
     int next = advance((int)state, (const unsigned char *)PyBytes_AS_STRING(body),
                        PyBytes_GET_SIZE(body));
-    return set_field(&self->line_state, STATES[next]);
+    Py_SETREF(self->line_state, Py_NewRef(STATES[next]));
+    return 0;
 }
 
-static PyObject *RelayCore_relayed(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "_relayed(body: bytes, now: float)");
-        return NULL;
+/* RelayCore_relayed and RelayCore_account: `_relayed` and `_account` as methods */
+#define BODY_NOW_METHOD(fn)                                                                     \
+    static PyObject *RelayCore_##fn(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) { \
+        int fits = nargs == 2 && PyBytes_Check(args[0]);                                        \
+        double now = fits ? PyFloat_AsDouble(args[1]) : -1.0;                                   \
+        if (!fits) PyErr_SetString(PyExc_TypeError, "_" #fn "(body: bytes, now: float)");       \
+        if ((now == -1.0 && PyErr_Occurred()) || fn(self, args[0], now) < 0) return NULL;       \
+        Py_RETURN_NONE;                                                                         \
     }
-    double now = PyFloat_AsDouble(args[1]);
-    if (now == -1.0 && PyErr_Occurred()) return NULL;
-    if (relayed(self, args[0], now) < 0) return NULL;
-    Py_RETURN_NONE;
-}
+BODY_NOW_METHOD(relayed)
 
-/* def _tally(self, body, now) */
-static int tally(RelayCore *self, PyObject *body, double now) {
-    if (unset(self->times, "times")) return -1;
+/* Tally: def add(self, body, now) */
+static int add(Tally *self, PyObject *body, double now) {
     /* self.chunks += 1 */
     self->chunks += 1;
     /* self.body_bytes += len(body) */
     self->body_bytes += PyBytes_GET_SIZE(body);
-    /* self.last_chunk = now */
-    self->last_chunk = now;
     /* times = self.times */
     PyObject *times = self->times;
-    if (!PyList_Check(times)) {
-        PyErr_SetString(PyExc_TypeError, "times is a list");
+    if (unset(times, "times") || !PyList_Check(times)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "times is a list");
         return -1;
     }
     /* times.append(now) */
     PyObject *at = PyFloat_FromDouble(now);
-    if (at == NULL) return -1;
-    int appended = PyList_Append(times, at);
-    Py_DECREF(at);
+    int appended = at == NULL ? -1 : PyList_Append(times, at);
+    Py_XDECREF(at);
     if (appended < 0) return -1;
-    /* if len(times) >= self.times_kept: (a class attribute) */
-    PyObject *kept = _PyType_Lookup(Py_TYPE(self), str_times_kept);
-    if (kept == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "times_kept");
-        return -1;
-    }
-    Py_ssize_t limit = PyLong_AsSsize_t(kept);
-    if (limit == -1 && PyErr_Occurred()) return -1;
-    if (PyList_GET_SIZE(times) >= limit) {
-        /* self._fold() */
-        PyObject *r = PyObject_CallMethodNoArgs((PyObject *)self, str_fold);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
-    return 0;
+    /* if len(times) >= self.kept: self.fold() */
+    if (PyList_GET_SIZE(times) < self->kept) return 0;
+    if (unset(self->fold, "fold")) return -1;
+    PyObject *fold = Py_NewRef(self->fold), *r = PyObject_CallNoArgs(fold);
+    Py_DECREF(fold);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* `frame.matches(body)`: 1, 0, or -1 with an error. A `matches` written in C taking one
@@ -221,14 +195,24 @@ static int passes_edit(RelayCore *self, PyObject *body) {
 
 /* def _account(self, body, now) */
 static int account(RelayCore *self, PyObject *body, double now) {
-    if (unset(self->frame, "frame")) return -1;
-    /* frame = self.frame
-     * if frame is not None and frame.matches(body): self._tally(body, now) */
-    PyObject *frame = self->frame;
-    if (frame != Py_None) {
-        int ok = matches(frame, body);
-        if (ok < 0) return -1;
-        if (ok) return tally(self, body, now);
+    /* tally = self.tally
+     * if tally is not None and tally.frame is not None and tally.frame.matches(body):
+     *     self.last_chunk = now; tally.add(body, now) */
+    if (unset(self->tally, "tally")) return -1;
+    Tally *tally = (Tally *)self->tally;
+    if ((PyObject *)tally != Py_None) {
+        if (!Py_IS_TYPE(tally, TallyType) || unset(tally->frame, "frame")) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "tally is a Tally");
+            return -1;
+        }
+        Py_INCREF(tally); /* `matches` and `fold` may replace self.tally */
+        int ok = tally->frame == Py_None ? 0 : matches(tally->frame, body);
+        if (ok > 0) {
+            self->last_chunk = now;
+            ok = add(tally, body, now) < 0 ? -1 : 1;
+        }
+        Py_DECREF(tally);
+        if (ok) return ok < 0 ? -1 : 0;
     }
     /* else: self._relayed(body, now): the compiled one unless a subclass overrides it */
     PyObject *method = _PyType_Lookup(Py_TYPE(self), str_relayed);
@@ -243,17 +227,7 @@ static int account(RelayCore *self, PyObject *body, double now) {
     Py_DECREF(r);
     return 0;
 }
-
-static PyObject *RelayCore_account(RelayCore *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "_account(body: bytes, now: float)");
-        return NULL;
-    }
-    double now = PyFloat_AsDouble(args[1]);
-    if (now == -1.0 && PyErr_Occurred()) return NULL;
-    if (account(self, args[0], now) < 0) return NULL;
-    Py_RETURN_NONE;
-}
+BODY_NOW_METHOD(account)
 
 /* def send_nowait(self, body) -> bool */
 static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
@@ -306,8 +280,41 @@ static PyObject *RelayCore_send_nowait(RelayCore *self, PyObject *body) {
     Py_RETURN_TRUE;
 }
 
-/* -- the type: fields, GC, construction ------------------------------------------------ */
+/* -- the types: fields, GC, construction ----------------------------------------------- */
 
+/* tp_traverse, tp_clear and tp_dealloc of `Type`, whose object fields `FIELDS` lists */
+#define VISIT(name) Py_VISIT(self->name);
+#define CLEAR(name) Py_CLEAR(self->name);
+#define GC_SLOTS(Type, FIELDS)                                                                   \
+    static int Type##_traverse(Type *self, visitproc visit, void *arg) {                         \
+        Py_VISIT(Py_TYPE(self));                                                                 \
+        FIELDS(VISIT) return 0;                                                                  \
+    }                                                                                            \
+    static int Type##_clear(Type *self) { FIELDS(CLEAR) return 0; }                              \
+    static void Type##_dealloc(Type *self) {                                                     \
+        PyTypeObject *type = Py_TYPE(self);                                                      \
+        PyObject_GC_UnTrack(self);                                                               \
+        Type##_clear(self);                                                                      \
+        type->tp_free((PyObject *)self);                                                         \
+        Py_DECREF(type);                                                                         \
+    }
+GC_SLOTS(Tally, TALLY_FIELDS)
+GC_SLOTS(RelayCore, FIELDS)
+
+static PyObject *Tally_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"times", "kept", "fold", NULL};
+    PyObject *times, *fold;
+    Py_ssize_t kept;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnO:Tally", names, &times, &kept, &fold))
+        return NULL;
+    Tally *self = (Tally *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->times = Py_NewRef(times);
+    self->kept = kept;
+    self->fold = Py_NewRef(fold);
+    self->frame = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
 
 static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     RelayCore *self = (RelayCore *)type->tp_alloc(type, 0);
@@ -317,29 +324,6 @@ static PyObject *RelayCore_new(PyTypeObject *type, PyObject *args, PyObject *kwa
 #undef INIT
     Py_SETREF(self->line_state, Py_NewRef(STATES[EVENT]));
     return (PyObject *)self;
-}
-
-static int RelayCore_traverse(RelayCore *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-#define VISIT(name) Py_VISIT(self->name);
-    FIELDS(VISIT)
-#undef VISIT
-    return 0;
-}
-
-static int RelayCore_clear(RelayCore *self) {
-#define CLEAR(name) Py_CLEAR(self->name);
-    FIELDS(CLEAR)
-#undef CLEAR
-    return 0;
-}
-
-static void RelayCore_dealloc(RelayCore *self) {
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    RelayCore_clear(self);
-    type->tp_free((PyObject *)self);
-    Py_DECREF(type);
 }
 
 static PyObject *RelayCore_get_edit(RelayCore *self, void *closure) {
@@ -389,12 +373,18 @@ static PyGetSetDef RelayCore_getset[] = {
     {NULL},
 };
 
+#define MEMBER(Type, name) {#name, T_OBJECT_EX, offsetof(Type, name), 0, NULL},
+#define CORE_MEMBER(name) MEMBER(RelayCore, name)
+static PyMemberDef Tally_members[] = {
+    MEMBER(Tally, fold) MEMBER(Tally, frame) MEMBER(Tally, times)
+    {"body_bytes", T_PYSSIZET, offsetof(Tally, body_bytes), 0, NULL},
+    {"chunks", T_PYSSIZET, offsetof(Tally, chunks), 0, NULL},
+    {"kept", T_PYSSIZET, offsetof(Tally, kept), 0, NULL},
+    {NULL},
+};
+
 static PyMemberDef RelayCore_members[] = {
-#define MEMBER(name) {#name, T_OBJECT_EX, offsetof(RelayCore, name), 0, NULL},
-    FIELDS_BUT_EDIT(MEMBER)
-#undef MEMBER
-    {"body_bytes", T_PYSSIZET, offsetof(RelayCore, body_bytes), 0, NULL},
-    {"chunks", T_PYSSIZET, offsetof(RelayCore, chunks), 0, NULL},
+    FIELDS_BUT_EDIT(CORE_MEMBER)
     {"last_chunk", T_DOUBLE, offsetof(RelayCore, last_chunk), 0, NULL},
     {"last_write", T_DOUBLE, offsetof(RelayCore, last_write), 0, NULL},
     {"slice_bytes", T_PYSSIZET, offsetof(RelayCore, slice_bytes), 0, NULL},
@@ -406,6 +396,23 @@ static PyMethodDef RelayCore_methods[] = {
     {"_account", (PyCFunction)(void (*)(void))RelayCore_account, METH_FASTCALL, NULL},
     {"_relayed", (PyCFunction)(void (*)(void))RelayCore_relayed, METH_FASTCALL, NULL},
     {NULL},
+};
+
+static PyType_Slot Tally_slots[] = {
+    {Py_tp_doc, "What the token path counts of one stream (middleware/relaycore.py, compiled)."},
+    {Py_tp_new, Tally_new},
+    {Py_tp_dealloc, Tally_dealloc},
+    {Py_tp_traverse, Tally_traverse},
+    {Py_tp_clear, Tally_clear},
+    {Py_tp_members, Tally_members},
+    {0, NULL},
+};
+
+static PyType_Spec Tally_spec = {
+    .name = "middleware._relaycore.Tally",
+    .basicsize = sizeof(Tally),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = Tally_slots,
 };
 
 static PyType_Slot RelayCore_slots[] = {
@@ -427,27 +434,24 @@ static PyType_Spec RelayCore_spec = {
     .slots = RelayCore_slots,
 };
 
+/* `from module import name`, or NULL with an error */
+static PyObject *imported(const char *module, const char *name) {
+    PyObject *found = PyImport_ImportModule(module);
+    Py_XSETREF(found, found == NULL ? NULL : PyObject_GetAttrString(found, name));
+    return found;
+}
+
 /* Phase.BODY and the five LineState members, from their modules, once */
 static int load_constants(void) {
-    PyObject *phases = PyImport_ImportModule("middleware.phases");
-    PyObject *phase = phases == NULL ? NULL : PyObject_GetAttrString(phases, "Phase");
-    Py_XDECREF(phases);
+    PyObject *phase = imported("middleware.phases", "Phase");
     BODY = phase == NULL ? NULL : PyObject_GetAttrString(phase, "BODY");
     Py_XDECREF(phase);
-    if (BODY == NULL) return -1;
-    PyObject *sse = PyImport_ImportModule("middleware.sse");
-    PyObject *states = sse == NULL ? NULL : PyObject_GetAttrString(sse, "LineState");
-    Py_XDECREF(sse);
-    if (states == NULL) return -1;
-    for (int i = 0; i < 5; i++) {
-        STATES[i] = PyObject_CallFunction(states, "i", i); /* LineState(i) */
-        if (STATES[i] == NULL) {
-            Py_DECREF(states);
-            return -1;
-        }
-    }
-    Py_DECREF(states);
-    return 0;
+    PyObject *states = BODY == NULL ? NULL : imported("middleware.sse", "LineState");
+    for (int i = 0; i < 5 && states != NULL; i++) /* LineState(i) */
+        if ((STATES[i] = PyObject_CallFunction(states, "i", i)) == NULL) Py_CLEAR(states);
+    int loaded = states != NULL;
+    Py_XDECREF(states);
+    return loaded ? 0 : -1;
 }
 
 static struct PyModuleDef module_def = {
@@ -455,26 +459,22 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__relaycore(void) {
-    str_ends = PyUnicode_InternFromString("ends");
-    str_undo = PyUnicode_InternFromString("undo");
-    str_scan = PyUnicode_InternFromString("_scan");
-    str_relayed = PyUnicode_InternFromString("_relayed");
-    str_matches = PyUnicode_InternFromString("matches");
-    str_times_kept = PyUnicode_InternFromString("times_kept");
-    str_fold = PyUnicode_InternFromString("_fold");
-    if (!str_ends || !str_undo || !str_scan || !str_relayed || !str_matches || !str_times_kept ||
-        !str_fold)
-        return NULL;
+    PyObject **strs[] = {&str_ends, &str_undo, &str_scan, &str_relayed, &str_matches};
+    const char *texts[] = {"ends", "undo", "_scan", "_relayed", "matches"};
+    for (int i = 0; i < 5; i++)
+        if ((*strs[i] = PyUnicode_InternFromString(texts[i])) == NULL) return NULL;
     if (load_constants() < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;
-    PyObject *type = PyType_FromSpec(&RelayCore_spec);
-    if (type == NULL || PyModule_AddObject(module, "RelayCore", type) < 0) {
+    TallyType = (PyTypeObject *)PyType_FromSpec(&Tally_spec); /* kept: `_account` checks it */
+    PyTypeObject *type = (PyTypeObject *)PyType_FromSpec(&RelayCore_spec);
+    if (TallyType == NULL || type == NULL || PyModule_AddType(module, TallyType) < 0 ||
+        PyModule_AddType(module, type) < 0) {
         Py_XDECREF(type);
         Py_DECREF(module);
         return NULL;
     }
-    relayed_descr = _PyType_Lookup((PyTypeObject *)type, str_relayed);
-    Py_XINCREF(relayed_descr);
+    relayed_descr = Py_XNewRef(_PyType_Lookup(type, str_relayed));
+    Py_DECREF(type); /* the module holds it */
     return module;
 }

@@ -3,8 +3,8 @@
 `Relay` holds what a relayed chunk reads and writes, and the methods a chunk runs through:
 `send` (the app's ASGI send), `send_nowait` (the `sidestream.send_nowait` extension: written
 from the upstream's read callback without waking the request's task), and the accounting
-both share, `_account`: `_tally` for a token chunk of the stream's learned frame, `_relayed`
-for any other. All but `send`, and the fields they touch, are its base `RelayCore`
+both share, `_account`: telemetry's `tally` for a token chunk of the stream's learned frame,
+`_relayed` for any other. All but `send`, and the fields they touch, are its base `RelayCore`
 (`relaycore.py`, or its compiled twin: `speedups`). Everything else of the request — its
 start, the timer, keep-alives, failures — is `cycle.Cycle`, the one subclass.
 """
@@ -86,8 +86,7 @@ class Relay(RelayCore):
         self.inflater = None
         self.inflating = False  # `_inflate` is handing its pieces to `send`
         self.edit = None
-        self.frame = None  # none learned (telemetry learns one)
-        self.chunks = self.body_bytes = 0
+        self.tally = None  # telemetry's: none, no token path (`relaycore.Tally`)
         self.slice_bytes = 0  # no bound (resume sets one: `_slices`)
 
     async def _send_other(self, message: Message) -> None:

@@ -1,6 +1,6 @@
 """The per-chunk core of a relay, in Python: `RelayCore`, the fields a relayed chunk reads
 and writes, and its methods: `send_nowait`, and `_account` (shared with the relay's `send`),
-which hands a chunk to `_tally` (the token path) or `_relayed`.
+which hands a chunk to its `Tally` (the token path) or to `_relayed`.
 
 `middleware/_relaycore.c` is the same class compiled, line for line (a C twin of each
 method, in the same order, with the Python lines as comments beside the C): when it is built
@@ -14,16 +14,18 @@ caches; the interpreter's frames and attribute lookups per token were most of wh
 sidecar spent over nginx.
 
 The token path is telemetry's, but lives here so that the compiled core runs it with no
-Python frame: once a stream's token chunk is learned (`frame`, set by telemetry's cycle; None
-without telemetry), a chunk that matches it is one whole event and one token, and `_tally`
-counts it (the chunk, its bytes, its time) in place of the subclass's `_relayed`.
+Python frame. Telemetry gives the core a `Tally` (None without telemetry: nothing is counted)
+and reads it at the stream's end; once it has learned the stream's token chunk (`Tally.frame`),
+a chunk that matches it is one whole event and one token, and the tally counts it (the chunk,
+its bytes, its time) in place of the subclass's `_relayed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from time import monotonic
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from middleware.errors import Outcome, StreamError
 from middleware.frame import Frame
@@ -67,16 +69,41 @@ class Decoder(Protocol):
     def flush(self) -> bytes: ...
 
 
+class Tally:
+    """What the token path counts of one stream, for telemetry, which makes it, counts the other
+    chunks into it too (`chunks`, `body_bytes`) and reads it at the stream's end. `frame` is
+    the stream's learned token chunk while the stream stands at an event boundary, else None;
+    each token chunk's time goes to `times` (telemetry's `Gaps.times`), handed to `fold` once
+    `kept` are held. Slotted, as the core: the compiled twin reads its fields in place."""
+
+    __slots__ = ("body_bytes", "chunks", "fold", "frame", "kept", "times")
+
+    frame: Frame | None
+
+    def __init__(self, times: list[float], kept: int, fold: Callable[[], object]) -> None:
+        self.frame = None
+        self.chunks = self.body_bytes = 0
+        self.times = times
+        self.kept = kept
+        self.fold = fold
+
+    def add(self, body: bytes, now: float) -> None:
+        """One token chunk of `frame`, given to the server at `now`."""
+        self.chunks += 1
+        self.body_bytes += len(body)
+        times = self.times
+        times.append(now)
+        if len(times) >= self.kept:
+            self.fold()
+
+
 class RelayCore:
     """A stream's per-chunk state (the rest of it is `relay.Relay`'s); slotted, so that the
     fields a chunk touches sit in the object itself."""
 
     __slots__ = (
-        "body_bytes",
-        "chunks",
         "edit",
         "first_token_at",
-        "frame",
         "inflater",
         "keepalive",
         "last_chunk",
@@ -88,7 +115,7 @@ class RelayCore:
         "sending_since",
         "server_nowait",
         "slice_bytes",
-        "times",
+        "tally",
     )
 
     phase: Phase
@@ -104,20 +131,9 @@ class RelayCore:
     line_state: LineState
     last_chunk: float  # the last body chunk relayed
     last_write: float  # the last bytes handed to the server, keep-alives too
-    # The token path (see the module docstring): the stream's learned token chunk while the
-    # stream stands at an event boundary, else None; the chunks and bytes relayed (by
-    # `_tally`, and by a subclass's `_relayed` for the others); the token chunks' times
-    # (telemetry's `Gaps.times`), handed to `_fold` once they are `times_kept`.
-    frame: Frame | None
-    chunks: int
-    body_bytes: int
-    times: list[float]
-    times_kept: ClassVar[int]
+    tally: Tally | None  # telemetry's (see the module docstring); None: no token path
 
     def _scan(self, body: bytes, now: float) -> None:
-        raise NotImplementedError
-
-    def _fold(self) -> None:
         raise NotImplementedError
 
     def send_nowait(self, body: bytes) -> bool:
@@ -156,24 +172,16 @@ class RelayCore:
 
     def _account(self, body: bytes, now: float) -> None:
         """Account for a body chunk given to the server (by `send` or `send_nowait`): a
-        token chunk of the stream's learned `frame` by `_tally`, any other by `_relayed`."""
-        frame = self.frame
-        if frame is not None and frame.matches(body):
-            self._tally(body, now)
+        token chunk of the tally's learned `frame` by the idle clock and the tally (a whole
+        event, after the first token: the line state and the first token stay as they are),
+        any other by `_relayed`."""
+        tally = self.tally
+        # `tally.frame` read twice, not bound by `:=`: measured faster interpreted.
+        if tally is not None and tally.frame is not None and tally.frame.matches(body):
+            self.last_chunk = now
+            tally.add(body, now)
         else:
             self._relayed(body, now)
-
-    def _tally(self, body: bytes, now: float) -> None:
-        """Account for a chunk that is one token of the stream's `frame`: a whole event,
-        after the first token, so the line state and the first token stay as they are; the
-        chunk, its bytes, the idle clock, its time."""
-        self.chunks += 1
-        self.body_bytes += len(body)
-        self.last_chunk = now
-        times = self.times
-        times.append(now)
-        if len(times) >= self.times_kept:
-            self._fold()
 
     def _relayed(self, body: bytes, now: float) -> None:
         """Account for any other body chunk given to the server: the idle clock, the first

@@ -52,17 +52,17 @@ def core() -> str:
 
 if TYPE_CHECKING:
     from middleware.frame import Frame, first_token
-    from middleware.relaycore import RelayCore
+    from middleware.relaycore import RelayCore, Tally
 else:
     _core = compiled("middleware._relaycore")
     if _core is not None:
-        RelayCore = _core.RelayCore
+        RelayCore, Tally = _core.RelayCore, _core.Tally
     else:
-        from middleware.relaycore import RelayCore
+        from middleware.relaycore import RelayCore, Tally
     _frame = compiled("middleware._frame")
     if _frame is not None:
         Frame, first_token = _frame.Frame, _frame.first_token
     else:
         from middleware.frame import Frame, first_token
 
-__all__ = ["Frame", "RelayCore", "compiled", "core", "first_token"]
+__all__ = ["Frame", "RelayCore", "Tally", "compiled", "core", "first_token"]

@@ -37,7 +37,6 @@ HOTSPOTS = {  # label: (module the caller looks it up in, class, function)
     "Cycle.__init__": ("middleware.cycle", "Cycle", "__init__"),
     "ObservedCycle._relayed": ("middleware.telemetry.observed", "ObservedCycle", "_relayed"),
     "ObservedCycle._observe": ("middleware.telemetry.observed", "ObservedCycle", "_observe"),
-    "ObservedCycle._fold": ("middleware.telemetry.observed", "ObservedCycle", "_fold"),
     "StreamRecord.__init__": ("middleware.telemetry.record", "StreamRecord", "__init__"),
     "request_attributes": ("middleware.telemetry.record", "", "request_attributes"),
     "DirectSpans.start": ("middleware.telemetry.direct", "DirectSpans", "start"),

@@ -52,8 +52,8 @@ def sorted_gaps(times: list[float], last: float | None) -> list[float]:
 class Gaps:
     """Time between consecutive content-carrying chunks of one stream, in seconds.
 
-    Per chunk only its time is kept: a list append (`add`, or the cycle's token path
-    appending to `times` itself and folding at `FOLD_AT`). A list, not an `array("d")`: it
+    Per chunk only its time is kept: a list append (`add`, or the relay's token path, through
+    the record's `Tally`, appending to `times` itself and folding at `FOLD_AT`). A list, not an `array("d")`: it
     keeps the float the clock returned, where an array unboxes it on append and boxes it
     again at the fold (more instructions per chunk, not fewer). Every `FOLD_AT` times,
     and before anything is read, the batch is folded into the buckets: differences and a
@@ -64,7 +64,7 @@ class Gaps:
     """
 
     __slots__ = ("count", "counts", "exact", "first", "last", "max", "times", "total")
-    FOLD_AT = TIMES_KEPT  # chunk times kept before folding (the cycle appends too)
+    FOLD_AT = TIMES_KEPT  # chunk times kept before folding (the record's tally appends too)
 
     def __init__(self) -> None:
         self.times: list[float] = []  # chunk times not folded yet

@@ -8,11 +8,12 @@ has run. Per chunk it counts what `Cycle` does not (chunks, bytes, tokens, their
 The token path: once a stream's usual token chunk is learned (`Frame`, from
 `Dialect.count_chunk`), a chunk that matches it is one token and one whole event, and is
 counted by appending its time to the record's `gaps.times`: no scanner, no JSON. The relay's
-core runs it (`RelayCore._account`, then `_tally`; compiled where built) with the fields
-this cycle hands it: `frame`, `times` (the record's `gaps.times`), `times_kept` and `_fold`.
-Every other chunk comes here, to `_relayed`, and goes through `_observe` (the dialect's reads
-of usage, model, finish reason). The tokens on the token path are added to `stats` only
-when someone asks (`stream_stats`).
+core runs it (`RelayCore._account`; compiled where built) with the record's `tally`, which
+this cycle hands the core and keeps the learned frame in (`Tally.frame`); the tally counts
+the chunk, its bytes and its time, and folds `gaps` when it holds `TIMES_KEPT` times.
+Every other chunk comes here, to `_relayed`, counted into the same tally, and goes through
+`_observe` (the dialect's reads of usage, model, finish reason). The tokens on the token
+path are added to `stats` only when someone asks (`stream_stats`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from middleware.phases import PLAIN, START
 from middleware.sse import LineState, advance
 from middleware.telemetry.answer import Answer
 from middleware.telemetry.finish import finish
-from middleware.telemetry.gaps import TIMES_KEPT
 from middleware.telemetry.record import StreamRecord
 from middleware.types import Message, Receive, Scope, Send
 
@@ -48,17 +48,15 @@ class ObservedCycle(Cycle):
 
     __slots__ = ("answer", "record", "stats", "times_counted")
 
-    times_kept = TIMES_KEPT  # the core's token path folds `times` where `Gaps.add` would
-
     def __init__(self, settings: GuardSettings, scope: Scope, receive: Receive, send: Send) -> None:
         super().__init__(settings, scope, receive, send)
         self.record = record = StreamRecord(self.telemetry, scope, self.started)
         if record.genai is not None:
             self.receiver.tap(record.tap)
         self.stats: StreamStats | None = None  # set for an SSE stream: every event observed
-        # `frame`, the stream's token chunk once learned, is withheld while a read has left
-        # the stream inside an event: a chunk that reaches the check starts at a boundary.
-        self.times = record.gaps.times
+        # The tally's `frame`, the stream's token chunk once learned, is withheld while a read
+        # has left the stream inside an event: a chunk that reaches it starts at a boundary.
+        self.tally = record.tally
         # The times in `times` not added by the token path (by `_heard`, whose tokens are in
         # `stats` already, or counted by `stream_stats`): the rest are the token path's.
         self.times_counted = 0
@@ -115,8 +113,9 @@ class ObservedCycle(Cycle):
         self.stats = StreamStats()  # observe every event, not only up to the first token
 
     def _relayed(self, body: bytes, now: float) -> None:
-        self.chunks += 1
-        self.body_bytes += len(body)
+        tally = self.record.tally
+        tally.chunks += 1
+        tally.body_bytes += len(body)
         stats = self.stats
         if stats is None:  # not SSE: nothing to observe
             Cycle._relayed(self, body, now)
@@ -124,11 +123,7 @@ class ObservedCycle(Cycle):
         self.last_chunk = now
         self._observe(body, now, stats)
         state = self.line_state = advance(self.line_state, body)
-        self.frame = stats.frame if state is EVENT else None
-
-    def _fold(self) -> None:
-        """The core's token path has kept `times_kept` times: fold them, as `Gaps.add` does."""
-        self.record.gaps.fold()
+        tally.frame = stats.frame if state is EVENT else None
 
     def stream_stats(self) -> StreamStats | None:
         """The stream's stats (None unless SSE), with the tokens counted on the token path

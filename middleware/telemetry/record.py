@@ -3,10 +3,11 @@
 A `StreamRecord` is made when the request's cycle is (`observed.ObservedCycle`: the span
 starts at request arrival, with an explicit timestamp) and finished after the cycle has run.
 Between the two, the cycle adds each content-carrying chunk's time to `gaps` (on its token
-path by appending to `gaps.times` directly) and calls `capture()` when content capture is
-on; nothing else of telemetry runs per chunk. All times are read from the monotonic clock the cycle already
-keeps and turned into wall-clock nanoseconds against the pair (time_ns, monotonic) taken at
-arrival, so span durations and the TTFT attribute agree with the cycle's own deadlines.
+path through `tally`, the relay core's `Tally`, which appends to `gaps.times` directly) and
+calls `capture()` when content capture is on; nothing else of telemetry runs per chunk. All
+times are read from the monotonic clock the cycle already keeps and turned into wall-clock
+nanoseconds against the pair (time_ns, monotonic) taken at arrival, so span durations and the
+TTFT attribute agree with the cycle's own deadlines.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import Span
 
 from middleware.dialects import Dialect, select
+from middleware.speedups import Tally
 from middleware.sse import Event
 from middleware.telemetry import semconv
 from middleware.telemetry.content import BODY_CAP, event_text, request_attributes
 from middleware.telemetry.direct import DirectSpan
-from middleware.telemetry.gaps import Gaps
+from middleware.telemetry.gaps import TIMES_KEPT, Gaps
 from middleware.types import Message, Receive, Scope
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class StreamRecord:
         "span",
         "t0",
         "t0_ns",
+        "tally",
         "telemetry",
         "text",
         "text_len",
@@ -86,7 +89,9 @@ class StreamRecord:
         self._body: bytes | bytearray = bytearray()
         self._body_done = False
         self._truncated = False
-        self.gaps = Gaps()
+        self.gaps = gaps = Gaps()
+        # What the relay counts (its token path, and telemetry's cycle the other chunks).
+        self.tally = Tally(gaps.times, TIMES_KEPT, gaps.fold)
         self.text: list[str] | None = [] if telemetry.capture_content else None
         self.text_len = 0
         self.server = self._server(scope)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from middleware.cycle import Resumable
     from middleware.dialects import Dialect, StreamStats
+    from middleware.relaycore import Tally
     from middleware.telemetry.answer import Answer
     from middleware.telemetry.direct import DirectSpan
     from middleware.telemetry.gaps import Gaps
@@ -66,8 +67,6 @@ class Cycle(Protocol):
     aborted_at: float | None
     stopped_at: float | None
     completed_at: float | None
-    chunks: int
-    body_bytes: int
     keepalives: int
     resumable: Resumable | None
     answer: Answer | None
@@ -96,6 +95,8 @@ class Record(Protocol):
     def t0(self) -> float: ...
     @property
     def gaps(self) -> Gaps: ...
+    @property
+    def tally(self) -> Tally: ...
     @property
     def request(self) -> Mapping[str, Any]: ...
     @property
@@ -227,9 +228,10 @@ class Summary:
         kind = self.kind
         # Counts of a stream; a response that is not one has its bytes only (none when the
         # app gave none): what does not apply is None.
-        self.chunks = cycle.chunks if streaming else None
+        tally = record.tally
+        self.chunks = tally.chunks if streaming else None
         self.keepalives = cycle.keepalives if streaming else None
-        self.bytes = cycle.body_bytes if streaming else None if answer is None else answer.size
+        self.bytes = tally.body_bytes if streaming else None if answer is None else answer.size
         resumable = cycle.resumable  # resume on: the stream's id, resumes, whether its end was read
         self.stream_id = None if resumable is None else resumable.stream_id
         self.resumes = None if resumable is None else resumable.resumes

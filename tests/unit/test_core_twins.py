@@ -189,23 +189,31 @@ class Edit:
         self.undone += 1
 
 
+def tally(twin: str, folds: list[list[float]], kept: int = 3) -> Any:
+    """A `Tally` of `twin`, no frame learned, that folds every `kept` times into `folds`."""
+    _need(compiled_relay, twin)
+    made = relaycore.Tally if twin == "python" else compiled_relay.Tally
+    times: list[float] = []
+
+    def fold() -> None:
+        folds.append(list(times))
+        times.clear()
+
+    return made(times, kept, fold)
+
+
 def relay(twin: str, written: list[bytes], *, accept: bool = True, observed: bool = False) -> Any:
-    """A RelayCore of `twin` in BODY, writing into `written`, with no frame learned. Its
-    token path folds every `times_kept` (3) times into `folds`. `observed`: a subclass's
-    `_relayed` (telemetry's cycle has one) keeps the chunks that reach it in `relayed`."""
+    """A RelayCore of `twin` in BODY, writing into `written`, with a `tally` of the same twin
+    (folding into `folds`). `observed`: a subclass's `_relayed` (telemetry's cycle has one)
+    keeps the chunks that reach it in `relayed`."""
     _need(compiled_relay, twin)
     base = relaycore.RelayCore if twin == "python" else compiled_relay.RelayCore
 
     class Relay(base):  # type: ignore[misc, valid-type]
         __slots__ = ("folds", "relayed", "scanned")
-        times_kept = 3
 
         def _scan(self, body: bytes, now: float) -> None:
             self.scanned.append(body)
-
-        def _fold(self) -> None:
-            self.folds.append(list(self.times))
-            self.times.clear()
 
     class Observed(Relay):
         __slots__ = ()
@@ -214,11 +222,11 @@ def relay(twin: str, written: list[bytes], *, accept: bool = True, observed: boo
             self.relayed.append(body)
 
     r = Observed() if observed else Relay()
-    r.scanned, r.folds, r.times, r.relayed = [], [], [], []
+    r.scanned, r.folds, r.relayed = [], [], []
+    r.tally = tally(twin, r.folds)
     r.phase = Phase.BODY
     r.reason = r.sending_since = r.keepalive = r.inflater = r.edit = r.scanner = None
-    r.frame = None
-    r.chunks = r.body_bytes = r.slice_bytes = 0
+    r.slice_bytes = 0
     r.first_token_at = None
     r.line_state = LineState.EVENT
     r.last_chunk = r.last_write = 0.0
@@ -335,7 +343,7 @@ def test_an_overridden_relayed_is_the_one_called(twin: str) -> None:
             self.calls.append((body, now))
 
     r = Observed()
-    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner", "frame"):
+    for name in ("reason", "sending_since", "keepalive", "inflater", "edit", "scanner", "tally"):
         setattr(r, name, None)
     r.phase, r.calls, r.server_nowait, r.slice_bytes = Phase.BODY, [], lambda body: True, 0
     assert r.send_nowait(b"x")
@@ -584,7 +592,7 @@ def learned(twin: str, frame_twin: str, written: list[bytes], *, accept: bool = 
     `_relayed` (the chunks that reach it are kept in `relayed`)."""
     r = relay(twin, written, accept=accept, observed=True)
     r.first_token_at = 1.0
-    r.frame = make_frame(frame_twin)
+    r.tally.frame = make_frame(frame_twin)
     return r
 
 
@@ -593,16 +601,16 @@ def learned(twin: str, frame_twin: str, written: list[bytes], *, accept: bool = 
 def test_a_token_chunk_of_the_frame_is_tallied_in_place_of_relayed(
     twin: str, frame_twin: str
 ) -> None:
-    """A chunk the stream's frame matches is written and counted by the core itself: the
-    chunk, its bytes, the idle clock, its time; the subclass's `_relayed` never sees it, and
-    the first token and the line state stay as they were (it is one whole event)."""
+    """A chunk the tally's frame matches is written and counted by the core itself: the idle
+    clock, and in the tally the chunk, its bytes, its time; the subclass's `_relayed` never
+    sees it, and the first token and the line state stay as they were (one whole event)."""
     written: list[bytes] = []
     r = learned(twin, frame_twin, written)
     body = token(b"hi")
     assert r.send_nowait(body) is True
     assert written == [body] and r.relayed == []
-    assert (r.chunks, r.body_bytes) == (1, len(body))
-    assert r.times == [r.last_write] and r.last_chunk == r.last_write > 1.0
+    assert (r.tally.chunks, r.tally.body_bytes) == (1, len(body))
+    assert r.tally.times == [r.last_write] and r.last_chunk == r.last_write > 1.0
     assert r.first_token_at == 1.0 and r.line_state is LineState.EVENT
 
 
@@ -617,26 +625,40 @@ def test_any_other_chunk_goes_to_relayed_untallied(twin: str, frame_twin: str) -
     for body in others:
         assert r.send_nowait(body) is True
     assert written == r.relayed == others
-    assert (r.chunks, r.body_bytes, r.times) == (0, 0, [])
+    assert (r.tally.chunks, r.tally.body_bytes, r.tally.times) == (0, 0, [])
 
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_without_a_frame_a_token_chunk_goes_to_relayed(twin: str) -> None:
-    """No frame learned (telemetry off, or a read left the stream inside an event): every
-    chunk is `_relayed`'s."""
+    """No frame learned (not yet, or a read left the stream inside an event): every chunk
+    is `_relayed`'s, and the tally counts none."""
     r = relay(twin, [], observed=True)
-    assert r.send_nowait(token(b"x")) and r.relayed == [token(b"x")] and r.times == []
+    assert r.send_nowait(token(b"x")) and r.relayed == [token(b"x")]
+    assert (r.tally.chunks, r.tally.times) == (0, [])
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_the_token_times_are_folded_each_times_kept(twin: str) -> None:
-    """`_fold` is called when the times held reach `times_kept` (a class attribute), and
-    only then; every token is counted across the folds."""
+def test_without_a_tally_nothing_is_counted(twin: str) -> None:
+    """Telemetry off: no tally, every chunk is `_relayed`'s (the compiled one keeps the
+    guard's state: the idle clock, the line state), and the core counts nothing."""
+    r = relay(twin, [])
+    r.tally = None
+    r.first_token_at = 1.0
+    assert r.send_nowait(token(b"x")) and r.line_state is LineState.EVENT
+    assert r.send_nowait(b"data: half") and r.line_state is LineState.MID
+    assert r.last_chunk == r.last_write > 1.0 and r.tally is None
+    assert not any(name in dir(r) for name in ("chunks", "body_bytes", "times", "frame"))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_token_times_are_folded_each_kept(twin: str) -> None:
+    """The tally's `fold` is called when the times it holds reach `kept`, and only then;
+    every token is counted across the folds."""
     r = learned(twin, twin, [])
     for _ in range(7):
         assert r.send_nowait(token(b"x"))
-    assert [len(batch) for batch in r.folds] == [3, 3] and len(r.times) == 1
-    assert r.chunks == 7 and r.body_bytes == 7 * len(token(b"x"))
+    assert [len(batch) for batch in r.folds] == [3, 3] and len(r.tally.times) == 1
+    assert r.tally.chunks == 7 and r.tally.body_bytes == 7 * len(token(b"x"))
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -644,7 +666,59 @@ def test_a_token_chunk_the_server_refuses_is_not_tallied(twin: str) -> None:
     """Flow control: the chunk comes again by `send`, so it is counted then, not now."""
     r = learned(twin, twin, [], accept=False)
     assert r.send_nowait(token(b"x")) is False
-    assert (r.chunks, r.times, r.relayed) == (0, [], [])
+    assert (r.tally.chunks, r.tally.times, r.relayed) == (0, [], [])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_tally_is_made_alike_by_both_twins(twin: str) -> None:
+    """`Tally(times, kept, fold)`: the list given (telemetry's `Gaps.times`, appended to in
+    place), nothing counted, no frame; its counts writable (telemetry's `_relayed` adds the
+    other chunks), and a fold that raises is the caller's error, the time already kept."""
+    times: list[float] = []
+    made = (relaycore.Tally if twin == "python" else compiled_relay.Tally)(
+        times=times, kept=2, fold=lambda: 1 / 0
+    )
+    assert made.times is times and made.kept == 2 and made.frame is None
+    assert (made.chunks, made.body_bytes) == (0, 0)
+    made.chunks += 2
+    made.body_bytes += 10
+    r = relay(twin, [])
+    r.tally, made.frame = made, make_frame(twin)
+    r._account(token(b"x"), 1.0)
+    with pytest.raises(ZeroDivisionError):
+        r._account(token(b"y"), 2.0)
+    assert times == [1.0, 2.0] and (made.chunks, made.body_bytes) == (4, 10 + 2 * len(token(b"x")))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([token(b"x"), token(b"longer"), token(b""), b"data: [DONE]\n\n", b"da"]),
+        max_size=12,
+    )
+)
+def test_both_twins_tally_any_run_of_chunks_alike(chunks: list[bytes]) -> None:
+    """Any run of chunks, token chunks of the frame or not, leaves the two twins' tallies
+    alike: the same counts, times and folds, and the same chunks left to `_relayed`."""
+    _need(compiled_relay, "compiled")
+    seen = []
+    for twin in TWINS:
+        r = learned(twin, twin, [])
+        for at, body in enumerate(chunks):
+            r._account(body, float(at))
+        t = r.tally
+        seen.append((t.chunks, t.body_bytes, t.times, r.folds, r.relayed, r.last_chunk))
+    assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_tally_that_is_not_one_is_an_error_not_a_crash(twin: str) -> None:
+    """The compiled core reads its tally in place: anything but its own `Tally` there is a
+    clear error (the Python twin's, an attribute error), never a read of another object."""
+    r = relay(twin, [])
+    r.tally = SimpleNamespace(chunks=0)
+    with pytest.raises((TypeError, AttributeError)):
+        r._account(token(b"x"), 1.0)
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -654,10 +728,11 @@ def test_account_is_sends_accounting_as_send_nowaits(twin: str) -> None:
     r = learned(twin, twin, [])
     body = token(b"x")
     r._account(body, 5.0)
-    assert (r.chunks, r.body_bytes, r.last_chunk, r.times) == (1, len(body), 5.0, [5.0])
+    tallied = (r.tally.chunks, r.tally.body_bytes, r.last_chunk, r.tally.times)
+    assert tallied == (1, len(body), 5.0, [5.0])
     assert r.relayed == [] and r.first_token_at == 1.0
     r._account(b"data: [DONE]\n\n", 6.0)
-    assert r.relayed == [b"data: [DONE]\n\n"] and r.chunks == 1
+    assert r.relayed == [b"data: [DONE]\n\n"] and r.tally.chunks == 1
 
 
 # -- ChunkWriter -------------------------------------------------------------------------

@@ -92,20 +92,19 @@ def relay(twin: str, written: list[bytes]) -> Any:
 
     class Relay(base):  # type: ignore[misc, valid-type]
         __slots__ = ()
-        times_kept = 3
 
         def _scan(self, body: bytes, now: float) -> None:
             pass
 
-        def _fold(self) -> None:
-            self.times.clear()
-
     r = Relay()
-    r.times = []
+    times: list[float] = []
+    r.tally = (relaycore.Tally if twin == "python" else need(compiled_relay).Tally)(
+        times, 3, times.clear
+    )
     r.phase = Phase.BODY
     r.reason = r.sending_since = r.keepalive = r.inflater = r.edit = r.scanner = None
-    r.frame = r.first_token_at = None
-    r.chunks = r.body_bytes = r.slice_bytes = 0
+    r.first_token_at = None
+    r.slice_bytes = 0
     r.line_state = LineState.EVENT
     r.last_chunk = r.last_write = 0.0
     r.server_nowait = lambda body: written.append(body) or True
@@ -139,12 +138,12 @@ def test_an_edit_whose_answer_has_no_truth_writes_nothing(twin: str) -> None:
 
 @pytest.mark.parametrize("twin", TWINS)
 @pytest.mark.parametrize(
-    "field, accounted", [("frame", True), ("server_nowait", False), ("line_state", True)]
+    "field, accounted", [("tally", True), ("server_nowait", False), ("line_state", True)]
 )
 def test_a_deleted_field_is_an_attribute_error_not_a_crash(
     twin: str, field: str, accounted: bool
 ) -> None:
-    """`del relay.frame` (or another field the token path reads) makes the next write, and
+    """`del relay.tally` (or another field the token path reads) makes the next write, and
     the accounting where it reads that field, raise AttributeError as the Python twin's empty
     slot does; the compiled one read NULL and crashed."""
     r = relay(twin, [])
@@ -157,17 +156,24 @@ def test_a_deleted_field_is_an_attribute_error_not_a_crash(
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_deleted_times_are_an_attribute_error_on_the_token_path(twin: str) -> None:
-    """A token chunk of the relay's frame is tallied into `times`: deleted, that is an
-    AttributeError from both twins, not a read of NULL."""
+@pytest.mark.parametrize("field", ["frame", "times", "fold"])
+def test_a_deleted_tally_field_is_an_attribute_error_on_the_token_path(
+    twin: str, field: str
+) -> None:
+    """A token chunk of the tally's frame is tallied into its `times`, folded by its `fold`
+    (every 3 here): any of the three deleted, that is an AttributeError from both twins, not
+    a read of NULL."""
     from middleware import frame as frame_module
 
     r = relay(twin, [])
     prefix, marker = b'data: {"c":"', b'"}'
-    r.frame = frame_module.Frame(prefix, marker, marker + b"\n\n")
-    del r.times
+    r.tally.frame = frame_module.Frame(prefix, marker, marker + b"\n\n")
+    body = prefix + b"x" + marker + b"\n\n"
+    r._account(body, 1.0)
+    r._account(body, 2.0)
+    delattr(r.tally, field)
     with pytest.raises(AttributeError):
-        r._account(prefix + b"x" + marker + b"\n\n", 1.0)
+        r._account(body, 3.0)
 
 
 def test_quiet_takes_only_uvloops_own_transport() -> None:
