@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.support.clients import request
-from tests.support.procs import free_port
+from tests.support.procs import free_port, later_port
 
 ALIAS = "tiny"
 # The health path the recipe gives: served without the model lock, so a probe neither waits
@@ -117,7 +117,7 @@ class LlamaServer(Process):
     """`python -m llama_cpp.server` serving `model` as `tiny`, on one thread."""
 
     def __init__(self, model: Path, log: Path, *, n_ctx: int = 512, port: int = 0) -> None:
-        self.port = port or free_port()
+        self.port = port or later_port()  # bound once the model is loaded
         super().__init__(
             [
                 sys.executable, "-m", "llama_cpp.server",

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.clients import request
 from tests.support.servers import bound_socket
@@ -22,6 +25,22 @@ def free_port() -> int:
     port = int(sock.getsockname()[1])
     sock.close()
     return port
+
+
+def later_port() -> int:
+    """A free port for a server that binds it seconds from now (llama.cpp loads its model
+    first). Below the kernel's ephemeral range, where `free_port` takes its ports: any
+    outbound connection made meanwhile (a health probe, another test's client) takes its
+    source port from that range and may take a port picked there before the server binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(1024, low - 12000), low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise OSError("no free port below the ephemeral range")
 
 
 class Child:

@@ -39,7 +39,7 @@ from tests.support.llamacpp import (
     require_llama_cpp,
 )
 from tests.support.otlpreceiver import Receiver, attributes
-from tests.support.procs import free_port
+from tests.support.procs import later_port
 from tests.support.servers import serve
 from tests.support.sseparse import parse
 from tests.support.tinymodel import write_model
@@ -367,7 +367,7 @@ async def test_readyz_follows_llama_cpp_loading_and_death(model: Path, tmp_path:
     """/readyz (health path /openapi.json: llama-cpp-python has no /health) is 503 until
     llama.cpp has loaded its model and opened its port, 200 after; killing the server makes
     it 503 within 2 s, and a new request gets 502."""
-    port = free_port()
+    port = later_port()  # llama.cpp binds it once its model is loaded, seconds later
     sidecar = Sidecar(port, tmp_path / "sidecar.log")
     llama: LlamaServer | None = None
     try:
