@@ -20,6 +20,7 @@ and follows MOVED and ASK by itself. A cluster has one database: no path is read
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,44 +129,43 @@ def _cluster_client(url: str, password: str | None, ca: str | None, options: Any
 def cluster_url(url: str) -> ClusterURL:
     """The parts of a `redis+cluster://` URL; ValueError, naming it only as `shown`."""
 
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{shown(url)}: {why} (expected {CLUSTER}"
-                          "[USER:PASSWORD@]HOST:PORT[,HOST:PORT…])")  # fmt: skip
-
-    rest = url[len(CLUSTER) :]
-    if "?" in rest or "#" in rest:
-        raise bad("a query or fragment is not read")
-    netloc, _, path = rest.partition("/")
-    username, password, hosts = _userinfo(netloc)
+    bad, username, password, hosts, path = _split(
+        url, CLUSTER, "[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]"
+    )
     if path:
         raise bad("a cluster has one database: no path is read")
     nodes = tuple(_address(part, n, bad, "node", REDIS_PORT) for n, part in enumerate(hosts.split(","), 1))  # fmt: skip
     return ClusterURL(nodes, username, password)
 
 
-def _userinfo(netloc: str) -> tuple[str | None, str | None, str]:
-    """USER:PASSWORD@HOSTS: the user and password (percent-decoded, None if absent), HOSTS."""
+def _split(
+    url: str, scheme: str, form: str
+) -> tuple[Callable[[str], ValueError], str | None, str | None, str, str]:
+    """A `scheme`USER:PASSWORD@HOSTS/PATH URL (no query, no fragment) in parts: the error
+    maker for it (naming the URL only as `shown`, then the expected `form`), the user and
+    password (percent-decoded, None if absent), HOSTS and PATH."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{shown(url)}: {why} (expected {scheme}{form})")
+
+    rest = url[len(scheme) :]
+    if "?" in rest or "#" in rest:
+        raise bad("a query or fragment is not read")
+    netloc, _, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     username = password = None
     if at:
         user, colon, secret = userinfo.partition(":")
         username = urllib.parse.unquote(user) or None
         password = urllib.parse.unquote(secret) if colon else None
-    return username, password, hosts
+    return bad, username, password, hosts, path
 
 
 def sentinel_url(url: str) -> SentinelURL:
     """The parts of a `redis+sentinel://` URL; ValueError, naming it only as `shown`."""
 
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{shown(url)}: {why} (expected {SENTINEL}"
-                          "[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB])")  # fmt: skip
-
-    rest = url[len(SENTINEL) :]
-    if "?" in rest or "#" in rest:
-        raise bad("a query or fragment is not read")
-    netloc, _, path = rest.partition("/")
-    username, password, hosts = _userinfo(netloc)
+    form = "[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]"
+    bad, username, password, hosts, path = _split(url, SENTINEL, form)
     sentinels = tuple(
         _address(part, n, bad, "sentinel", SENTINEL_PORT)
         for n, part in enumerate(hosts.split(","), 1)
