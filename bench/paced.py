@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = proxy_targets(args.targets, parser.error)
     cpu: dict[str, list[float]] = {t: [] for t in targets}
     ratios: dict[str, list[float]] = {t: [] for t in targets[1:]}
+    stores: dict[str, list[float]] = {}  # a target's store CPU (sidestream+redis: redis-server)
     with otlp_sink() as sink_port:
         if "sidestream+otel" in targets and not telemetry_wired(sink_port):
             print("sidestream+otel sent no OTLP export to the sink", file=sys.stderr)
@@ -67,12 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             if args.together:
                 order = rotate(targets, rep)
-                figures = together(order, sink_port, args.tokens, args.stamp, args.flood)
+                store: dict[str, float] = {}
+                figures = together(order, sink_port, args.tokens, args.stamp, args.flood, store)
             else:
-                figures = {}
+                figures, store = {}, {}
                 for target in rotate(targets, rep):
                     with session(target, sink_port) as s:
-                        figures[target] = cpu_per_100k(s, args.tokens, args.stamp, args.flood)
+                        figures[target] = cpu_per_100k(
+                            s, args.tokens, args.stamp, args.flood, store
+                        )
             base = figures[targets[0]]
             line = [f"rep {rep + 1}:"]
             for target in targets:
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 if target != targets[0]:
                     ratios[target].append(figures[target] / base)
                     line.append(f"({ratios[target][-1]:.2f}x)")
+                if target in store:
+                    stores.setdefault(target, []).append(store[target])
+                    line.append(f"+ store {store[target]:.3f}")
             print(" ".join(line), flush=True)
     when = "at the same time" if args.together else "in turns"
     if args.flood:
@@ -108,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {target} | {statistics.median(cpu[target]):.2f} | {ratio} | {interval} | {lower} |"
         )
+    for target, values in stores.items():  # not in the proxy's CPU above, nor in its ratio
+        print(f"\n{target}'s store (redis-server) CPU s per 100k tokens, median: "
+              f"{statistics.median(values):.2f}")  # fmt: skip
     return 0
 
 

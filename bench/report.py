@@ -86,6 +86,7 @@ ROWS: list[tuple[str, list[str], int]] = [
     ("a. added per-token latency p50 / p99 vs direct (ms)", ["a_add_p50_ms", "a_add_p99_ms"], 3),
     ("a. proxy CPU s per 100k tokens", ["a_cpu_100k"], 2),
     ("a. CPU per token vs nginx", ["a_cpu_100k_vs_nginx"], 2),
+    ("a. store (redis-server) CPU s per 100k tokens", ["a_store_cpu_100k"], 2),
     ("b. tokens/s", ["b_tokens_s"], 0),
     ("b. proxy CPU s per 100k tokens", ["b_cpu_100k"], 2),
     ("b. CPU per token vs nginx", ["b_cpu_100k_vs_nginx"], 2),
@@ -114,7 +115,7 @@ def idle_rows(sizes: list[int]) -> list[tuple[str, list[str], int]]:
 
 def table(med: dict[str, dict[str, Any]], targets: list[str], sizes: list[int]) -> str:
     lines = ["| scenario | " + " | ".join(targets) + " |", "|---" * (len(targets) + 1) + "|"]
-    for label, keys, digits in ROWS[:7] + idle_rows(sizes) + ROWS[7:]:
+    for label, keys, digits in ROWS[:8] + idle_rows(sizes) + ROWS[8:]:
         cells = []
         for t in targets:
             f = med.get(t, {})

@@ -62,19 +62,24 @@ def rotate(items: list[str], n: int) -> list[str]:
 
 
 def together(
-    targets: list[str], sink_port: int, tokens: int, stamp: str, flood: bool = False
+    targets: list[str],
+    sink_port: int,
+    tokens: int,
+    stamp: str,
+    flood: bool = False,
+    stores: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Scenario a's CPU per 100k tokens of each target (scenario b's with `flood`), all loaded
     at once (each with its own upstream and load, the proxies sharing the proxy core): a
     neighbour's burst lands on every target alike, so their ratio spreads several times less
     than in turns. Started in the order given: callers rotate it per repetition, so no target
-    always starts first."""
+    always starts first. `stores` gets each target's store CPU (`cpu_per_100k`), where it has one."""
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         sessions = {t: stack.enter_context(session(t, sink_port)) for t in targets}
 
         def load(target: str) -> None:
-            figures[target] = cpu_per_100k(sessions[target], tokens, stamp, flood)
+            figures[target] = cpu_per_100k(sessions[target], tokens, stamp, flood, stores)
 
         threads = [threading.Thread(target=load, args=(t,)) for t in targets]
         for thread in threads:
@@ -86,12 +91,18 @@ def together(
     return figures
 
 
-def cpu_per_100k(s: Session, tokens: int, stamp: str, flood: bool = False) -> float:
+def cpu_per_100k(
+    s: Session, tokens: int, stamp: str, flood: bool = False, stores: dict[str, float] | None = None
+) -> float:
     """One run of scenario a (`tokens` a stream), or of scenario b with `flood`: the proxy's
-    CPU seconds per 100k tokens."""
+    CPU seconds per 100k tokens; in scenario a, the store's (sidestream+redis: redis-server's)
+    into `stores`, under the target's name."""
     if flood:
         return float(scenarios.flood(s)["b_cpu_100k"])
-    return float(scenarios.paced(s, tokens=tokens, stamp=stamp)["a_cpu_100k"])
+    figures = scenarios.paced(s, tokens=tokens, stamp=stamp)
+    if stores is not None and "a_store_cpu_100k" in figures:
+        stores[s.target] = figures["a_store_cpu_100k"]
+    return float(figures["a_cpu_100k"])
 
 
 def telemetry_together(sink_port: int, reps: int) -> list[float]:

@@ -8,7 +8,8 @@ e. connect: sequential new connections, one token each — TTFT.
 
 CPU is the proxy tree's CPU time (`procstat.cpu_seconds`) across the load run (the proxy
 idles before and after), and for sidestream+otel also the span exporter's next batch after
-it (`Session.settle_s`).
+it (`Session.settle_s`). A target's store (sidestream+redis: its redis-server) is not in
+that tree: scenario a reports its CPU apart, read the same way (`a_store_cpu_100k`).
 Latency and TTFT are absolute here; `report` subtracts `direct` within the same repetition.
 The emulator stamps each token's send time into its text (`stamp="content"`), so the chunks
 have vLLM's shape: they differ only in their content. `paced(..., stamp="tail")` measures
@@ -79,16 +80,22 @@ def paced(
 ) -> Figures:
     cfg = dict(concurrency=streams, streams=streams, tokens=tokens, itl_ms=itl_ms, stamp=stamp)
     cfg["stagger_s"] = itl_ms / 1000
+    store = [s.store.pid] if s.store is not None else []
+    store_cpu = cpu_seconds(store)
     records, lat, cpu = _streams(s, cfg, timeout=tokens * itl_ms / 1000 + 60)
+    store_cpu = cpu_seconds(store) - store_cpu
     got = sum(r[1] for r in records)
     ms = [x / 1e6 for x in lat]
-    return {
+    figures = {
         "a_p50_ms": pct(ms, 50),
         "a_p99_ms": pct(ms, 99),
         "a_tokens": got,
         "a_completed": sum(r[3] for r in records),
         "a_cpu_100k": cpu / got * 1e5 if got else math.nan,
     }
+    if store:
+        figures["a_store_cpu_100k"] = store_cpu / got * 1e5 if got else math.nan
+    return figures
 
 
 def flood(s: Session, duration: float = FLOOD_S, streams: int = FLOOD_STREAMS) -> Figures:

@@ -9,7 +9,8 @@ Targets: `direct` (the client talks to the emulator: the physical floor), `sides
 exporting to the bench's sink), `nginx` (Debian package, 1 worker, `proxy_buffering off`,
 HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.py`).
 `sidestream+resume` is `sidestream` with `--resume` (memory store), `sidestream+redis` with
-`--resume --resume-store redis://…` and its own `redis-server` on the load cores.
+`--resume --resume-store redis://…` and its own `redis-server` on the load cores (`store`:
+its CPU is not the proxy's: scenario a counts it apart, `a_store_cpu_100k`).
 
 For A/B work on a change, `alt` and `alt+otel` are `sidestream` and `sidestream+otel` run from
 another sidestream tree, named by `BENCH_ALT` (e.g. a `git worktree` of another commit):
@@ -156,6 +157,7 @@ class Session:
     settle_s: float = 0.0  # idle time after a load that still belongs to its CPU window
     exported: bool = False  # sidestream+otel: the warm-up's spans reached the sink
     module: str = "sidecar"  # what `python -m` runs as sidestream (bench.lab.hotspots wraps it)
+    store: subprocess.Popen[bytes] | None = None  # sidestream+redis: its redis-server
 
     def spawn(
         self,
@@ -257,7 +259,8 @@ class Session:
     def _start_sidestream_redis(self) -> subprocess.Popen[bytes]:
         port = free_port()
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        redis = self.spawn("redis", [*argv, "--appendonly", "no"], LOAD_CORES)
+        argv += ["--dir", str(self.workdir)]  # no dump.rdb in the tree
+        redis = self.store = self.spawn("redis", [*argv, "--appendonly", "no"], LOAD_CORES)
         wait_port(port, redis)
         secret = self.workdir / "resume-secret"  # the store needs one (--resume-secret-file)
         secret.write_text(secrets.token_urlsafe(32))
