@@ -99,11 +99,11 @@ soak: $(STAMP) ## Soak: 2 min of mixed traffic at 300 streams (aborts, upstream 
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 .PHONY: bench
-bench: $(STAMP) ## Quick benchmark: direct vs sidestream vs nginx vs tutorial proxy (~5 min).
+bench: $(STAMP) ## Quick benchmark: sidestream as shipped, then telemetry off, direct, nginx; 5 reps (~12 min).
 	$(BIN)/python -m bench
 
 .PHONY: bench-full
-bench-full: $(STAMP) ## Full benchmark: 3 repetitions, 2,000 and 9,000 idle streams (~13 min).
+bench-full: $(STAMP) ## Full benchmark: 7 repetitions, 2,000 and 9,000 idle streams (~25 min).
 	$(BIN)/python -m bench --full
 
 .PHONY: lint

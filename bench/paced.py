@@ -17,7 +17,7 @@ core and its caches.
 `--flood` runs scenario b instead (64 streams, no pause between tokens, 3 s): CPU per token
 of a saturated proxy, in turns or together as scenario a.
 
-    python -m bench.paced --targets sidestream,sidestream+otel --reps 6 --tokens 1000
+    python -m bench.paced --targets sidestream,sidestream+no-otel --reps 6 --tokens 1000
     python -m bench.paced --together --flood --targets nginx,sidestream --reps 6
 """
 
@@ -30,16 +30,16 @@ import sys
 from bench import scenarios
 from bench.report import median_interval
 from bench.run import cpu_per_100k, rotate, telemetry_wired, together
-from bench.targets import PROXIES, otlp_sink, proxy_targets, session
+from bench.targets import PROXIES, VARIANTS_HELP, otlp_sink, proxy_targets, session, telemetry_on
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.paced", description=__doc__)
     parser.add_argument(
         "--targets",
-        default="sidestream,sidestream+otel,nginx",
-        help=f"comma-separated proxies of {PROXIES}; ratios are to the first (default: "
-        "sidestream,sidestream+otel,nginx)",
+        default="nginx,sidestream,sidestream+no-otel",
+        help=f"comma-separated proxies of {PROXIES} ({VARIANTS_HELP}); ratios are to the "
+        "first (default: nginx,sidestream,sidestream+no-otel)",
     )
     parser.add_argument("--reps", type=int, default=4, help="repetitions (default 4)")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {t: [] for t in targets[1:]}
     stores: dict[str, list[float]] = {}  # a target's store CPU (sidestream+redis: redis-server)
     with otlp_sink() as sink_port:
-        if "sidestream+otel" in targets and not telemetry_wired(sink_port):
-            print("sidestream+otel sent no OTLP export to the sink", file=sys.stderr)
+        if any(map(telemetry_on, targets)) and not telemetry_wired(sink_port):
+            print("sidestream as shipped sent no OTLP export to the sink", file=sys.stderr)
             return 1
         for rep in range(args.reps):
             if args.together:

@@ -7,7 +7,7 @@ d. cancel: clients close after 10 of 1,000 tokens — delay until the emulator s
 e. connect: sequential new connections, one token each — TTFT.
 
 CPU is the proxy tree's CPU time (`procstat.cpu_seconds`) across the load run (the proxy
-idles before and after), and for sidestream+otel also the span exporter's next batch after
+idles before and after), and with telemetry on also the span exporter's next batch after
 it (`Session.settle_s`). A target's store (sidestream+redis: its redis-server) is not in
 that tree: scenario a reports its CPU apart, read the same way (`a_store_cpu_100k`).
 Latency and TTFT are absolute here; `report` subtracts `direct` within the same repetition.

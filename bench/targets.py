@@ -5,16 +5,18 @@ Every target runs as fresh processes for each session: the proxy pinned to its o
 (`LOAD_CORES`). On a 2-core machine that is one core each.
 
 Targets: `direct` (the client talks to the emulator: the physical floor), `sidestream`
-(`python -m sidecar`, telemetry off), `sidestream+otel` (spans + metrics on, 100% sampling,
-exporting to the bench's sink), `nginx` (Debian package, 1 worker, `proxy_buffering off`,
-HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx, `bench/tutorial.py`).
-`sidestream+resume` is `sidestream` with `--resume` (memory store), `sidestream+redis` with
-`--resume --resume-store redis://…` and its own `redis-server` on the load cores (`store`:
-its CPU is not the proxy's: scenario a counts it apart, `a_store_cpu_100k`).
+(`python -m sidecar` as shipped: telemetry on — spans, metrics and the access line, 100%
+sampling, exporting OTLP to the bench's sink — and `--usage force`), `nginx` (Debian package, 1
+worker, `proxy_buffering off`, HTTP/1.1 upstream keep-alive) and `tutorial` (FastAPI + httpx,
+`bench/tutorial.py`). A stripped-down or extended sidestream is `sidestream` and what it changes
+from the shipped configuration, each after a `+` (`VARIANTS`): `+no-otel` telemetry off
+(`OTEL_SDK_DISABLED=true`), `+pass` or `+continuous` the usage mode, `+resume` resume on the
+memory store, `+redis` on a `redis-server` of its own on the load cores (`store`: its CPU is not
+the proxy's: scenario a counts it apart, `a_store_cpu_100k`); e.g. `sidestream+no-otel+pass`.
 
-For A/B work on a change, `alt` and `alt+otel` are `sidestream` and `sidestream+otel` run from
-another sidestream tree, named by `BENCH_ALT` (e.g. a `git worktree` of another commit):
-`BENCH_ALT=/tmp/wt-old python -m bench.paced --together --targets alt+otel,sidestream+otel`.
+For A/B work on a change, `alt` is `sidestream` run from another sidestream tree, named by
+`BENCH_ALT` (e.g. a `git worktree` of another commit), with the same `+` variants:
+`BENCH_ALT=/tmp/wt-old python -m bench.paced --together --targets alt,sidestream`.
 `BENCH_ALT_PYTHON` runs the alt targets on another interpreter (e.g. a virtualenv of another
 CPython build, with the alt tree installed in it): an A/B of interpreter builds.
 """
@@ -44,20 +46,53 @@ PY = sys.executable
 _CORES = sorted(os.sched_getaffinity(0))
 PROXY_CORES = {_CORES[-1]}
 LOAD_CORES = set(_CORES[:-1]) or set(_CORES)
+# What a sidestream target may change from the configuration as shipped, each after a `+`.
+VARIANTS = {
+    "no-otel": "telemetry off",
+    "pass": "--usage pass",
+    "continuous": "--usage continuous",
+    "resume": "--resume (memory store)",
+    "redis": "--resume on a redis-server of its own",
+}
+# The targets a `--targets` lists in its help (any `+` combination of VARIANTS is one too).
 TARGETS = (
     "direct",
     "sidestream",
-    "sidestream+otel",
+    "sidestream+no-otel",
     "sidestream+pass",
+    "sidestream+no-otel+pass",
     "sidestream+continuous",
     "sidestream+resume",
     "sidestream+redis",
     "nginx",
     "tutorial",
     "alt",
-    "alt+otel",
+    "alt+no-otel",
 )
-BSP_DELAY_S = 5.0  # OTEL_BSP_SCHEDULE_DELAY for sidestream+otel: the SDK's default
+BSP_DELAY_S = 5.0  # OTEL_BSP_SCHEDULE_DELAY with telemetry on: the SDK's default
+
+
+def variant(target: str) -> tuple[str, frozenset[str]] | None:
+    """A sidestream target's tree (`sidestream` or `alt`) and its `VARIANTS`, or None for a
+    target that is not sidestream (or names a variant twice or one that does not exist)."""
+    base, *changes = target.split("+")
+    if base not in ("sidestream", "alt") or len(set(changes)) != len(changes):
+        return None
+    if not set(changes) <= VARIANTS.keys() or {"resume", "redis"} <= set(changes):
+        return None
+    if {"pass", "continuous"} <= set(changes):
+        return None
+    return base, frozenset(changes)
+
+
+def telemetry_on(target: str) -> bool:
+    """Does this target export telemetry (sidestream as shipped, or a variant that keeps it)?"""
+    found = variant(target)
+    return found is not None and "no-otel" not in found[1]
+
+
+def known(target: str) -> bool:
+    return target in ("direct", "nginx", "tutorial") or variant(target) is not None
 
 
 def pin(cores: set[int]) -> Callable[[], None]:
@@ -155,7 +190,7 @@ class Session:
     port: int = 0
     proxy: subprocess.Popen[bytes] | None = None
     settle_s: float = 0.0  # idle time after a load that still belongs to its CPU window
-    exported: bool = False  # sidestream+otel: the warm-up's spans reached the sink
+    exported: bool = False  # telemetry on: the warm-up's spans reached the sink
     module: str = "sidecar"  # what `python -m` runs as sidestream (bench.lab.hotspots wraps it)
     store: subprocess.Popen[bytes] | None = None  # sidestream+redis: its redis-server
 
@@ -187,7 +222,7 @@ class Session:
         return tree(self.proxy.pid) if self.proxy is not None else []
 
     def start(self) -> None:
-        otel = self.target.endswith("+otel")
+        otel = telemetry_on(self.target)
         before = sink_exports(self.sink_port) if otel else 0
         self.upstream_port = free_port()
         emulator = self.spawn(
@@ -200,10 +235,14 @@ class Session:
             self.port = self.upstream_port
         else:
             self.port = free_port()
-            start: Callable[[], subprocess.Popen[bytes]] = getattr(
-                self, "_start_" + self.target.replace("+", "_")
-            )
-            self.proxy = start()
+            found = variant(self.target)
+            if found is not None:
+                self.proxy = self._start_variant(*found)
+            else:
+                start: Callable[[], subprocess.Popen[bytes]] = getattr(
+                    self, "_start_" + self.target
+                )
+                self.proxy = start()
             wait_port(self.port, self.proxy)
         warm_up(self.port)
         if otel:
@@ -253,10 +292,25 @@ class Session:
         argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1", *flags]
         return self.spawn(self.target, argv, PROXY_CORES, env, cwd)
 
-    def _start_sidestream_resume(self) -> subprocess.Popen[bytes]:
-        return self._start_sidestream(flags=("--resume",))
+    def _start_variant(self, base: str, changes: frozenset[str]) -> subprocess.Popen[bytes]:
+        """sidestream as shipped from this tree or the alt one, with `changes` (`VARIANTS`)."""
+        flags: tuple[str, ...] = ("--resume",) if "resume" in changes else ()
+        if "redis" in changes:
+            flags = ("--resume", *self._redis_store())
+        usage = next((mode for mode in ("pass", "continuous") if mode in changes), None)
+        otel = "no-otel" not in changes
+        if otel:
+            self.settle_s = BSP_DELAY_S + 0.5  # the span batch goes out within the window
+        alt = base == "alt"
+        # `BENCH_ALT_SINKS`: the alt's telemetry sinks (one sink's share), all when unset.
+        sinks = os.environ.get("BENCH_ALT_SINKS") if alt and otel else None
+        return self._start_sidestream(
+            otel=otel, cwd=alt_root() if alt else ROOT, sinks=sinks, usage=usage, flags=flags
+        )
 
-    def _start_sidestream_redis(self) -> subprocess.Popen[bytes]:
+    def _redis_store(self) -> tuple[str, ...]:
+        """A redis-server of the session's own (its CPU counted apart: `store`), and the flags
+        that make it sidestream's resume store."""
         port = free_port()
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         argv += ["--dir", str(self.workdir)]  # no dump.rdb in the tree
@@ -264,29 +318,12 @@ class Session:
         wait_port(port, redis)
         secret = self.workdir / "resume-secret"  # the store needs one (--resume-secret-file)
         secret.write_text(secrets.token_urlsafe(32))
-        store = ("--resume-store", f"redis://127.0.0.1:{port}/0", "--resume-secret-file")
-        return self._start_sidestream(flags=("--resume", *store, str(secret)))
-
-    def _start_sidestream_otel(
-        self, cwd: Path = ROOT, sinks: str | None = None
-    ) -> subprocess.Popen[bytes]:
-        self.settle_s = BSP_DELAY_S + 0.5  # the span batch goes out within the window
-        return self._start_sidestream(otel=True, cwd=cwd, sinks=sinks)
-
-    def _start_sidestream_pass(self) -> subprocess.Popen[bytes]:
-        """Forced usage off: requests forwarded as the client wrote them."""
-        return self._start_sidestream(usage="pass")
-
-    def _start_sidestream_continuous(self) -> subprocess.Popen[bytes]:
-        """Usage asked for per chunk too (vLLM's `continuous_usage_stats`)."""
-        return self._start_sidestream(usage="continuous")
-
-    def _start_alt(self) -> subprocess.Popen[bytes]:
-        return self._start_sidestream(cwd=alt_root())
-
-    def _start_alt_otel(self) -> subprocess.Popen[bytes]:
-        # `BENCH_ALT_SINKS`: the alt's telemetry sinks (`bench.ablate`), all when unset.
-        return self._start_sidestream_otel(cwd=alt_root(), sinks=os.environ.get("BENCH_ALT_SINKS"))
+        return (
+            "--resume-store",
+            f"redis://127.0.0.1:{port}/0",
+            "--resume-secret-file",
+            str(secret),
+        )
 
     def _start_tutorial(self) -> subprocess.Popen[bytes]:
         argv = [PY, "-m", "uvicorn", "bench.tutorial:app", "--host", "127.0.0.1"]
@@ -316,7 +353,7 @@ class Session:
 
 @contextlib.contextmanager
 def otlp_sink() -> Iterator[int]:
-    """`bench.sink` (the OTLP/HTTP receiver `sidestream+otel` exports to) on the load cores;
+    """`bench.sink` (the OTLP/HTTP receiver sidestream's telemetry exports to) on the load cores;
     yields its port."""
     port = free_port()
     sink = subprocess.Popen(
@@ -332,7 +369,7 @@ def otlp_sink() -> Iterator[int]:
 
 @contextlib.contextmanager
 def session(target: str, sink_port: int, module: str = "sidecar") -> Iterator[Session]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{target.replace('+', '-')}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{target.replace('+', '.')}-"))
     s = Session(target, workdir, sink_port, module=module)
     try:
         s.start()
@@ -351,14 +388,15 @@ def alt_root() -> Path:
 
 
 PROXIES = ",".join(t for t in TARGETS if t != "direct")  # what a `--targets` may name
+VARIANTS_HELP = "sidestream or alt, then any of " + ", ".join(f"+{v}" for v in VARIANTS)
 
 
 def proxy_targets(spec: str, error: Callable[[str], object]) -> list[str]:
     """The proxies a `--targets` names (comma-separated), in order; `error` (a parser's) for
     one that is not a proxy or for none; nginx left out, with a line, where not installed."""
     targets = [t for t in spec.split(",") if t]
-    if not targets or any(t not in TARGETS or t == "direct" for t in targets):
-        error(f"targets are some of {PROXIES}")
+    if not targets or any(not known(t) or t == "direct" for t in targets):
+        error(f"targets are some of {PROXIES} ({VARIANTS_HELP})")
     if "nginx" in targets and nginx_binary() is None:
         print("nginx is not installed: skipped (apt-get install nginx).")
         targets.remove("nginx")

@@ -10,8 +10,8 @@ the wrapper adds ~0.1-0.2 µs per call), runs scenario a, and prints per functio
 µs per call and ms per 100k relayed tokens, next to the process's CPU per 100k tokens. The
 cyclic garbage collector's passes inside the load's CPU window are timed too (`gc.callbacks`),
 per generation.
-Compare the same build with and without a change, or telemetry on (`--target
-sidestream+otel`, the default) with off (`--target sidestream`).
+Compare the same build with and without a change, or telemetry on (`--target sidestream`, as
+shipped, the default) with off (`--target sidestream+no-otel`).
 """
 
 from __future__ import annotations
@@ -111,12 +111,12 @@ def child(out: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.lab.hotspots", description=__doc__)
-    parser.add_argument("--target", default="sidestream+otel", help="sidestream or sidestream+otel")
+    parser.add_argument("--target", default="sidestream", help="sidestream or sidestream+no-otel")
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
     args = parser.parse_args()
-    if args.target not in ("sidestream", "sidestream+otel"):
-        parser.error("--target is sidestream or sidestream+otel")
+    if args.target not in ("sidestream", "sidestream+no-otel"):
+        parser.error("--target is sidestream or sidestream+no-otel")
     labels = [*HOTSPOTS, *GC]
     per_call: dict[str, list[float]] = {k: [] for k in labels}
     per_100k: dict[str, list[float]] = {k: [] for k in labels}

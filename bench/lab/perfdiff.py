@@ -14,7 +14,7 @@ the benchmark's figures do; what this tells is where a difference lies, not how 
 (that is `bench.paced`'s job). Needs `perf` (Debian: `linux-perf`) and permission to attach
 to the proxy (root, or `kernel.perf_event_paranoid` <= 1). Takes about a minute a round.
 
-    python -m bench.lab.perfdiff --targets sidestream,sidestream+otel --rounds 4 --reps 3
+    python -m bench.lab.perfdiff --targets sidestream+no-otel,sidestream --rounds 4 --reps 3
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def compare(a: Samples, b: Samples, names: tuple[str, str], top: int = 25) -> st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.lab.perfdiff", description=__doc__)
-    parser.add_argument("--targets", default="sidestream,sidestream+otel", help="A,B")
+    parser.add_argument("--targets", default="sidestream+no-otel,sidestream", help="A,B")
     parser.add_argument("--rounds", type=int, default=4, help="rounds (default 4)")
     parser.add_argument("--reps", type=int, default=3, help="scenario a runs a round (default 3)")
     args = parser.parse_args(argv)

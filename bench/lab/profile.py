@@ -2,7 +2,7 @@
 sidestream under load.
 
 Needs `py-spy` (`pip install py-spy`; not a dependency). Starts the emulator and the target
-(`sidestream` unless `--target` names another, `sidestream+otel` with an OTLP sink) as the
+(`sidestream`, as shipped with an OTLP sink, unless `--target` names another) as the
 benchmark does, runs scenario a (paced) or b (flood) while `py-spy record` samples the proxy,
 then prints the functions with the most samples, self time and total (inclusive). The raw
 collapsed stacks stay in `bench/results/profile-<scenario>.txt` for a flame graph.

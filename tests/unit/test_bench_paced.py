@@ -39,6 +39,7 @@ def fake_load(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(run, "session", session)
     monkeypatch.setattr(paced, "session", session)
     monkeypatch.setattr(paced, "otlp_sink", otlp_sink)
+    monkeypatch.setattr(paced, "telemetry_wired", lambda sink_port: True)  # as shipped exports
     monkeypatch.setattr(scenarios, "paced", paced_load)
     monkeypatch.setattr(scenarios, "flood", flood_load)
     return ran
