@@ -1,13 +1,13 @@
-/* The compiled twins of the two head rules on the path to each stream's first token:
+/* The compiled twins of `sidecar/head_rules.py`, the head rules on the path to each stream's
+ * first token:
  *
- * - `response_head`: `sidecar/servers/response_head.py`'s `_response_head`, the HTTP/1.1
- *   response head the traffic listener writes, by uvicorn's rules;
- * - `request_rules`: `sidecar/headers.py`'s `_request_rules`, what the proxy asks of a client
- *   request's headers (its size, a framing problem, its Content-Length, chunked or not, and
- *   the headers to send upstream), and `response_headers`, its `_response_headers` (the
- *   upstream's response headers to send downstream);
- * - `read_headers`: `sidecar/servers/http1/connection.py`'s `_read_headers`, a
- *   request's headers as uvicorn reads them (names lower-cased, values right-stripped).
+ * - `response_head`: the HTTP/1.1 response head the traffic listener writes, by uvicorn's
+ *   rules;
+ * - `request_rules`: what the proxy asks of a client request's headers (its size, a framing
+ *   problem, its Content-Length, chunked or not, and the headers to send upstream), and
+ *   `response_headers` (the upstream's response headers to send downstream);
+ * - `read_headers`: a request's headers as uvicorn reads them (names lower-cased, values
+ *   right-stripped).
  *
  * Read each beside its Python twin, where the rules are written out. Each takes the usual
  * headers: a list or tuple of (bytes, bytes) tuples. Anything else — a name or value not
@@ -20,12 +20,12 @@
 #include <string.h>
 
 static PyObject *STATUS_LINES = NULL; /* the Python module's, status -> status line */
-static PyObject *PYTHON_TWIN = NULL;  /* its `_response_head` */
+static PyObject *PYTHON_TWIN = NULL;  /* its `response_head` */
 static PyObject *ZERO = NULL;
-/* sidecar.headers: `_request_rules`, `HOP_BY_HOP`, `_DROPPED` */
+/* sidecar.head_rules: `request_rules`, `HOP_BY_HOP`, `DROPPED` */
 static PyObject *RULES_TWIN = NULL, *HOP_BY_HOP = NULL, *DROPPED = NULL;
-static PyObject *RESPONSE_TWIN = NULL; /* sidecar.headers._response_headers */
-static PyObject *READ_TWIN = NULL; /* http1.connection._read_headers */
+static PyObject *RESPONSE_TWIN = NULL; /* sidecar.head_rules.response_headers */
+static PyObject *READ_TWIN = NULL; /* sidecar.head_rules.read_headers */
 static PyObject *STR_JOIN = NULL; /* "join" */
 static PyObject *HOST, *ACCEPT_ENCODING, *IDENTITY, *X_FORWARDED_FOR, *X_FORWARDED_PROTO,
     *X_FORWARDED_HOST, *COMMA_SPACE, *VERSIONS[3];
@@ -36,13 +36,13 @@ static unsigned char BAD_VALUE[256]; /* `_BAD_VALUE`: controls but tab, DEL */
 static const char CLOSE[] = "connection: close\r\n";
 static const char CHUNKED[] = "transfer-encoding: chunked\r\n";
 
-/* The Python module, at the first head (it imports this one while it loads) */
+/* The Python twin's module, at the first head */
 static int load_twin(void) {
     if (PYTHON_TWIN != NULL) return 0;
-    PyObject *module = PyImport_ImportModule("sidecar.servers.response_head");
+    PyObject *module = PyImport_ImportModule("sidecar.head_rules");
     if (module == NULL) return -1;
     STATUS_LINES = PyObject_GetAttrString(module, "STATUS_LINES");
-    PYTHON_TWIN = STATUS_LINES ? PyObject_GetAttrString(module, "_response_head") : NULL;
+    PYTHON_TWIN = STATUS_LINES ? PyObject_GetAttrString(module, "response_head") : NULL;
     Py_DECREF(module);
     if (PYTHON_TWIN == NULL) {
         Py_CLEAR(STATUS_LINES);
@@ -242,15 +242,15 @@ static int set_has(PyObject *set, PyObject *name) {
     return 0;
 }
 
-/* sidecar.headers, at the first request (it imports this module while it loads) */
+/* sidecar.head_rules, at the first request */
 static int load_rules(void) {
     if (RULES_TWIN != NULL) return 0;
-    PyObject *module = PyImport_ImportModule("sidecar.headers");
+    PyObject *module = PyImport_ImportModule("sidecar.head_rules");
     if (module == NULL) return -1;
     HOP_BY_HOP = PyObject_GetAttrString(module, "HOP_BY_HOP");
-    DROPPED = HOP_BY_HOP ? PyObject_GetAttrString(module, "_DROPPED") : NULL;
-    RULES_TWIN = DROPPED ? PyObject_GetAttrString(module, "_request_rules") : NULL;
-    RESPONSE_TWIN = RULES_TWIN ? PyObject_GetAttrString(module, "_response_headers") : NULL;
+    DROPPED = HOP_BY_HOP ? PyObject_GetAttrString(module, "DROPPED") : NULL;
+    RULES_TWIN = DROPPED ? PyObject_GetAttrString(module, "request_rules") : NULL;
+    RESPONSE_TWIN = RULES_TWIN ? PyObject_GetAttrString(module, "response_headers") : NULL;
     Py_DECREF(module);
     if (RESPONSE_TWIN == NULL || list_names(HOP_BY_HOP, &HOP_LISTED) < 0 ||
         list_names(DROPPED, &DROPPED_LISTED) < 0) {
@@ -610,9 +610,9 @@ done:
  * lower-cased, each value without the blanks (space, tab) llhttp leaves at its end. */
 static PyObject *read_headers(PyObject *module, PyObject *headers) {
     if (READ_TWIN == NULL) {
-        PyObject *twin = PyImport_ImportModule("sidecar.servers.http1.connection");
+        PyObject *twin = PyImport_ImportModule("sidecar.head_rules");
         if (twin == NULL) return NULL;
-        READ_TWIN = PyObject_GetAttrString(twin, "_read_headers");
+        READ_TWIN = PyObject_GetAttrString(twin, "read_headers");
         Py_DECREF(twin);
         if (READ_TWIN == NULL) return NULL;
     }
@@ -648,15 +648,14 @@ static PyObject *read_headers(PyObject *module, PyObject *headers) {
 static PyMethodDef methods[] = {
     {"response_head", (PyCFunction)(void (*)(void))response_head, METH_FASTCALL,
      "response_head(status, headers, keep_alive, head_request): the compiled twin of "
-     "sidecar.servers.response_head._response_head."},
+     "sidecar.head_rules.response_head."},
     {"request_rules", (PyCFunction)(void (*)(void))request_rules, METH_FASTCALL,
      "request_rules(headers, http_version, authority, client, scheme): the compiled twin of "
-     "sidecar.headers._request_rules."},
+     "sidecar.head_rules.request_rules."},
     {"response_headers", (PyCFunction)response_headers, METH_O,
-     "response_headers(headers): the compiled twin of sidecar.headers._response_headers."},
+     "response_headers(headers): the compiled twin of sidecar.head_rules.response_headers."},
     {"read_headers", (PyCFunction)read_headers, METH_O,
-     "read_headers(headers): the compiled twin of "
-     "sidecar.servers.http1.connection._read_headers."},
+     "read_headers(headers): the compiled twin of sidecar.head_rules.read_headers."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,50 +14,29 @@ Deliberate choices:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress
 from operator import itemgetter, not_
 
+from sidecar import head_rules
+from sidecar.head_rules import (
+    DROPPED,
+    HOP_BY_HOP,
+    REPLACED,
+    UNLISTABLE,
+    VERSIONS,
+    RequestRules,
+    clean,
+)
+from sidecar.head_rules import declared_length as declared_length  # `upstream.framing`'s
 from sidecar.speedups import heads
 
 Headers = list[tuple[bytes, bytes]]
 Pairs = Sequence[tuple[bytes, bytes]]
 
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
 
-# Request headers the proxy sets itself; the client's values are dropped. Content-Length is
-# among them: the proxy writes the number it read (`declared_length`), not the client's
-# spelling of it, which a strict upstream may refuse (h11 takes at most 20 digits).
-_REPLACED = frozenset(
-    {
-        b"host",
-        b"accept-encoding",
-        b"content-length",
-        b"x-forwarded-for",
-        b"x-forwarded-proto",
-        b"x-forwarded-host",
-    }
-)
-_DROPPED = HOP_BY_HOP | _REPLACED  # a request's, when its Connection names nothing more
-
-# The rules below run for every request, over every header. They go through the headers with
-# C-level calls (`map`, `compress`, `bytes.join`, `list.count`), not a Python loop per
-# header: the Python is the same for eight headers as for eighty. The few per-header
-# comprehensions left run only for headers most requests do not carry (Transfer-Encoding,
-# Connection, X-Forwarded-For).
+# The rules one by one, as a reader (and the tests) ask them; the proxy asks them all at once,
+# in `request_rules` below, one pass over the headers.
 _name = itemgetter(0)
 _value = itemgetter(1)
 
@@ -138,20 +117,6 @@ def chunked(headers: Pairs, names: list[bytes] | None = None) -> bool:
     return headers[last][1].rpartition(b",")[2].strip().lower() == b"chunked"
 
 
-MAX_LENGTH_DIGITS = 19  # past leading zeros: every such number fits in 64 bits
-
-
-def declared_length(value: bytes) -> int | None:
-    """A `Content-Length` value's number, or None when it is not one: ASCII digits (bytes'
-    `isdigit` knows no others) around ASCII whitespace, at most `MAX_LENGTH_DIGITS` of them
-    after leading zeros. The bound is the rule, not `int()`'s: `int()` refuses past 4,300
-    digits, leading zeros included, where httptools reads the same value as a small number."""
-    digits = value.strip()
-    if not digits.isdigit() or len(digits.lstrip(b"0")) > MAX_LENGTH_DIGITS:
-        return None
-    return int(digits.lstrip(b"0") or b"0")
-
-
 def content_length(headers: Pairs, names: list[bytes] | None = None) -> int | None:
     """The declared `Content-Length` (the first), or None when absent or not a valid number."""
     if names is None:
@@ -159,19 +124,6 @@ def content_length(headers: Pairs, names: list[bytes] | None = None) -> int | No
     if b"content-length" not in names:
         return None
     return declared_length(headers[names.index(b"content-length")][1])
-
-
-_VERSIONS = frozenset({"1.0", "1.1", "2"})  # not 0.9, nor "HTTP/2.0" in an HTTP/1 request line
-# Names a request's `Connection` may not list: dropping them as hop-by-hop would forward a
-# body without its framing (the upstream then reads it as the next request) or the request
-# without its Host. `te` may be listed: RFC 9110 10.1.4 asks a client that sends TE to, and TE
-# is dropped as hop-by-hop anyway; it frames nothing.
-_UNLISTABLE = frozenset({b"content-length", b"transfer-encoding", b"host"})
-# A byte no header name or value may hold on the way upstream (the traffic listener's own
-# response-head rules, `sidecar.servers.response_head`, are the same): controls, DEL, and in
-# a name the delimiters.
-BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
-BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def request_problem(
@@ -186,19 +138,16 @@ def request_problem(
     several `Host` headers on HTTP/1.1 (RFC 9112 3.2), CR, LF or NUL in a header, and a
     version other than 1.0, 1.1 or 2 (`GET /` alone parses as HTTP/0.9). So are a control
     byte in a header (any but HTAB in a value) and a `Connection` that lists a framing header
-    (`_UNLISTABLE`). The ASGI server (httptools, h11, h2) rejects most of these first; this
+    (`UNLISTABLE`). The ASGI server (httptools, h11, h2) rejects most of these first; this
     is the second line for what one of them lets through.
     """
-    if http_version not in _VERSIONS:
+    if http_version not in VERSIONS:
         return f"HTTP version {http_version!r} is not served"
-    # Every name, then every value, in one piece: one regex scan each, not one per header.
-    if BAD_NAME.search(b"".join(map(_name, headers))) or BAD_VALUE.search(
-        b"".join(map(_value, headers))
-    ):
+    if not clean(headers):
         return "a header contains a control character"
     if names is None:
         names = lower_names(headers)
-    if b"connection" in names and not _UNLISTABLE.isdisjoint(connection_tokens(headers)):
+    if b"connection" in names and not UNLISTABLE.isdisjoint(connection_tokens(headers)):
         return "Connection names Content-Length, Transfer-Encoding or Host"
     lengths = names.count(b"content-length")
     encoded = b"transfer-encoding" in names
@@ -241,7 +190,7 @@ def request_headers(
         names = lower_names(headers)
     hop = _hop_by_hop(headers, names)
     out = [(b"host", authority)]
-    out += _kept(headers, names, _DROPPED if hop is HOP_BY_HOP else hop | _REPLACED)
+    out += _kept(headers, names, DROPPED if hop is HOP_BY_HOP else hop | REPLACED)
     out.append((b"accept-encoding", b"identity"))
     # The client's own X-Forwarded-For and Host, unless its Connection named them.
     prior = []
@@ -256,45 +205,14 @@ def request_headers(
     return out
 
 
-# What the proxy asks of a client request's headers (`request_rules`): their size on the wire,
-# why their framing is unsafe (None: it is not), the declared Content-Length, chunked or not,
-# and the headers to send upstream.
-RequestRules = tuple[int, str | None, int | None, bool, Headers]
-
-
-def _request_rules(
-    headers: Pairs, http_version: str, authority: bytes, client: str | None, scheme: str
-) -> RequestRules:
-    """Every rule above that the proxy asks of one request, in one call (the Python twin of
-    `sidecar/_heads.c`'s `request_rules`, picked below where it was built): the lower-cased
-    names made once for all of them. They are on the path to each stream's first token."""
-    names = lower_names(headers)
-    return (
-        header_bytes(headers),
-        request_problem(headers, http_version, names),
-        content_length(headers, names),
-        chunked(headers, names),
-        request_headers(headers, authority=authority, client=client, scheme=scheme, names=names),
-    )
-
-
+# Every rule above that the proxy asks of one request, and the upstream's response headers
+# for downstream, in one pass over the headers each (`sidecar.head_rules`, or its compiled twin
+# `sidecar/_heads.c` where it was built): they are on the path to each stream's first token.
 request_rules: Callable[[Pairs, str, bytes, str | None, str], RequestRules] = (
-    _request_rules if heads is None else heads.request_rules
+    head_rules.request_rules if heads is None else heads.request_rules
 )
-
-
-def _response_headers(headers: Pairs) -> Headers:
-    """The upstream's response headers to send downstream: lower-cased, hop-by-hop dropped.
-
-    `Content-Length` stays (a non-streaming body is relayed byte-identical); StreamGuard
-    drops it for streaming responses. The Python twin of `sidecar/_heads.c`'s
-    `response_headers`, picked below where it was built.
-    """
-    return strip_hop_by_hop(headers)
-
-
 response_headers: Callable[[Pairs], Headers] = (
-    _response_headers if heads is None else heads.response_headers
+    head_rules.response_headers if heads is None else heads.response_headers
 )
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from middleware.speedups import compiled
 
 core: ModuleType | None = compiled("sidecar._core")
-heads: ModuleType | None = compiled("sidecar._heads")  # `servers.response_head`'s twin
+heads: ModuleType | None = compiled("sidecar._heads")  # `sidecar.head_rules`' twin
 
 if TYPE_CHECKING:
     from sidecar.upstream.h1core import H1Core

@@ -41,7 +41,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
     from middleware import usage
     from middleware.relay import Relay
     from middleware.telemetry import otlp_encoder
-    from sidecar import headers
+    from sidecar import head_rules, headers
     from sidecar.servers import response_head
     from sidecar.servers.http1 import connection
     from sidecar.upstream.h1 import H1Connection
@@ -50,10 +50,10 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert Relay.__mro__[1] is relaycore.RelayCore
         assert speedups.Frame is frame.Frame
         assert H1Connection.__mro__[1] is h1core.H1Core
-        assert response_head.response_head is response_head._response_head
-        assert headers.request_rules is headers._request_rules
-        assert headers.response_headers is headers._response_headers
-        assert connection.read_headers is connection._read_headers
+        assert response_head.response_head is head_rules.response_head
+        assert headers.request_rules is head_rules.request_rules
+        assert headers.response_headers is head_rules.response_headers
+        assert connection.read_headers is head_rules.read_headers
         assert usage._compiled is None
         assert otlp_encoder._compiled is None
     else:

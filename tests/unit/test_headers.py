@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar import head_rules
 from sidecar import headers as rules
 from tests.support.fuzzing import examples
 
@@ -284,8 +285,8 @@ def test_rules_agree_with_a_header_at_a_time(
         assert out == _plain_request(headers, client)
 
 
-# `request_rules`: all of the proxy's request rules in one call, in two twins (Python, and
-# compiled: `sidecar/_heads.c`), the same answer for any header list.
+# `request_rules`: all of the proxy's request rules in one call, in two twins (Python,
+# `sidecar.head_rules`, and compiled: `sidecar/_heads.c`), the same answer for any header list.
 
 
 def _twins(name: str = "request_rules") -> list[object]:
@@ -293,7 +294,7 @@ def _twins(name: str = "request_rules") -> list[object]:
         compiled = getattr(importlib.import_module("sidecar._heads"), name)
     except ImportError:
         pytest.fail("the compiled twin is not built: `make install` builds it (needs gcc)")
-    return [getattr(rules, "_" + name), compiled]
+    return [getattr(head_rules, name), compiled]
 
 
 def _outcome(twin: object, *args: object) -> object:
@@ -356,7 +357,7 @@ def test_headers_of_an_unusual_shape_get_the_same_answer_from_both_twins(
 ) -> None:
     """What a server should never hand over (pairs as lists, bytes-likes, str, items of
     the wrong length, no version, an odd peer): the compiled twin gives the Python twin's
-    answer or its error."""
+    answer or its error, a `TypeError` naming the header that is not a pair of bytes."""
     python, compiled = _twins()
     args = (headers, version, b"up:1", client, "http")
     assert _outcome(compiled, *args) == _outcome(python, *args)
@@ -405,14 +406,11 @@ def test_no_twin_changes_the_bytes_it_is_given() -> None:
     object per single byte (`b"XQ"[1:2] is b"YQ"[1:2]`), so lower-casing a one-byte name or
     Connection token in place would change that byte for the whole process (it did: a
     `data: [DONE]` cut before its `D` went out as `[dONE]`)."""
-    from sidecar.servers import response_head
-    from sidecar.servers.http1 import connection
-
     heads = importlib.import_module("sidecar._heads")
     calls = [
-        (rules._request_rules, heads.request_rules, ("1.1", b"up:1", "10.0.0.1", "http")),
-        (rules._response_headers, heads.response_headers, ()),
-        (connection._read_headers, heads.read_headers, ()),
+        (head_rules.request_rules, heads.request_rules, ("1.1", b"up:1", "10.0.0.1", "http")),
+        (head_rules.response_headers, heads.response_headers, ()),
+        (head_rules.read_headers, heads.read_headers, ()),
     ]
     for python, compiled, rest in calls:
         for twin in (python, compiled):
@@ -420,7 +418,7 @@ def test_no_twin_changes_the_bytes_it_is_given() -> None:
             headers = [(name, b"1"), (b"Connection", token), (token, b"v")]
             twin(headers, *rest)
             assert (b"-Q"[1:2][0], b"-K"[1:2][0]) == (ord("Q"), ord("K")), twin
-    head_twins = (response_head._response_head, heads.response_head)
+    head_twins = (head_rules.response_head, heads.response_head)
     for twin in head_twins:
         twin(200, [(b"-Q"[1:2], b"1"), (b"Connection", b"-K"[1:2])], True, False)
         assert (b"-Q"[1:2][0], b"-K"[1:2][0]) == (ord("Q"), ord("K")), twin

@@ -1,7 +1,8 @@
 """`http1.connection.read_headers`: a request's headers read at once, in place, as
 uvicorn's `on_header` reads them one by one (its httptools protocol, the release installed):
 names lower-cased, the blanks llhttp keeps after a value dropped, `expect: 100-continue`
-noticed. Both twins — Python (`_read_headers`) and compiled (`sidecar/_heads.c`)."""
+noticed. Both twins — Python (`sidecar.head_rules.read_headers`) and compiled
+(`sidecar/_heads.c`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from sidecar import head_rules
 from sidecar.servers.http1 import connection
 from tests.support.fuzzing import examples
 
@@ -27,7 +29,7 @@ def _twins() -> list[Reader]:
         compiled: Reader = importlib.import_module("sidecar._heads").read_headers
     except ImportError:
         pytest.fail("the compiled twin is not built: `make install` builds it (needs gcc)")
-    return [connection._read_headers, compiled]
+    return [head_rules.read_headers, compiled]
 
 
 def uvicorns(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
@@ -58,7 +60,7 @@ def test_each_twin_reads_headers_as_uvicorn_does(headers: list[tuple[bytes, byte
 
 
 def test_an_unusual_list_gets_the_python_twins_reading() -> None:
-    """Pairs that are lists, not tuples, are read by the Python twin, as uvicorn's would be."""
+    """Pairs that are lists, not tuples, are read as uvicorn would read them, by both twins."""
     python, compiled = _twins()
     odd: list[Any] = [[b"Host", b"a "], [b"Expect", b"100-continue"]]
     a, b = [list(pair) for pair in odd], [list(pair) for pair in odd]

@@ -4,7 +4,8 @@ byte, with the same framing decided, and the same error raised for a head uvicor
 
 Each case runs the message through uvicorn's own `RequestResponseCycle.send` (the release
 installed, the one the gate checks) on a transport that records what is written, and through
-each twin of `response_head` (Python, and compiled: `sidecar/_heads.c`); they must agree.
+each twin of `response_head` (Python, `sidecar.head_rules`, and compiled: `sidecar/_heads.c`);
+they must agree.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from sidecar.servers import response_head as module
+from sidecar import head_rules
 from tests.support.fuzzing import examples
 
 Head = Callable[..., Any]
@@ -31,7 +32,7 @@ Head = Callable[..., Any]
 def head(request: pytest.FixtureRequest) -> Head:
     """Each twin, whichever one `SIDESTREAM_NO_EXTENSIONS` picks for the rest of the suite."""
     if request.param == "python":
-        return module._response_head
+        return head_rules.response_head
     try:
         compiled: Head = importlib.import_module("sidecar._heads").response_head
     except ImportError:
@@ -223,5 +224,5 @@ def test_any_head_of_these_names_and_values_is_uvicorns(
     uvicorn's head, framing and keep-alive, or its error."""
     theirs = uvicorns(status, headers, keep_alive=keep_alive, method=method)
     compiled = importlib.import_module("sidecar._heads").response_head
-    for head in (module._response_head, compiled):
+    for head in (head_rules.response_head, compiled):
         assert ours(head, status, headers, keep_alive=keep_alive, method=method) == theirs

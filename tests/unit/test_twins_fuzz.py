@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 from middleware import relaycore
 from middleware.phases import Phase
 from middleware.sse import LineState
-from sidecar import headers as rules
-from sidecar.servers.http1 import connection as uv_connection
+from sidecar import head_rules
 from sidecar.upstream import h1core
 from tests.support.compiled import built
 from tests.support.fuzzing import examples
@@ -232,7 +231,7 @@ def test_request_rules_agree_on_any_bytes(
         except Exception as exc:
             return type(exc)
 
-    assert outcome(compiled) == outcome(rules._request_rules)
+    assert outcome(compiled) == outcome(head_rules.request_rules)
 
 
 @settings(max_examples=examples(150), deadline=None)
@@ -241,11 +240,11 @@ def test_response_and_read_headers_agree_on_any_bytes(headers: list[tuple[bytes,
     """The upstream's response headers and a client's request headers, read by each twin:
     the same headers, in the same order, whatever bytes and lengths they hold."""
     heads = need(compiled_heads)
-    assert heads.response_headers(headers) == rules._response_headers(headers)
+    assert heads.response_headers(headers) == head_rules.response_headers(headers)
     if headers:  # a request has at least one header (Host) by the time they are read
         compiled, python = list(headers), list(headers)  # both read in place
         assert (heads.read_headers(compiled), compiled) == (
-            uv_connection._read_headers(python),
+            head_rules.read_headers(python),
             python,
         )
 

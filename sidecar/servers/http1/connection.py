@@ -1,6 +1,6 @@
 """What the protocol reads of a connection and a request, as uvicorn's own protocols read
 it, in fewer steps: a connection's addresses, a request parser, a request's target
-(`target`) and headers (`read_headers`, with a compiled twin), and whether it asks for a
+(`target`) and headers (`read_headers`, from `sidecar.head_rules` or its compiled twin), and whether it asks for a
 WebSocket (`upgrade`).
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
+from sidecar import head_rules
 from sidecar.speedups import heads
 
 # The last connection's server address and client host, handed to the next connection when
@@ -77,18 +77,6 @@ def request_parser(protocol: object) -> httptools.HttpRequestParser:
     return parser
 
 
-def _read_headers(headers: list[tuple[bytes, bytes]]) -> bool:
-    """What uvicorn's protocol does per header, for all of a request's headers at once, in place: names
-    lower-cased, values without the trailing blanks llhttp keeps. Is one of them
-    `expect: 100-continue`?"""
-    names, values = zip(*headers, strict=True)
-    names = tuple(map(bytes.lower, names))
-    headers[:] = zip(names, map(bytes.rstrip, values, repeat(b" \t")), strict=True)
-    return b"expect" in names and (b"expect", b"100-continue") in (
-        (name, value.lower()) for name, value in headers
-    )
-
-
 # A request target that is a path alone, in the characters RFC 3986 allows in one (no query,
 # no fragment): what most requests to an LLM server send.
 _PATH_ALONE = re.compile(rb"/[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*")
@@ -119,10 +107,12 @@ def locate(scope: dict[str, Any], url: bytes, root_path: str) -> None:
     scope["query_string"] = query
 
 
-# The compiled twin where it was built (`sidecar/_heads.c`): on the path to each stream's
-# first token, where this one's passes over a cold cache cost more than the rest of the head.
+# What uvicorn's protocol does per header, for all of a request's headers at once, in place
+# (names lower-cased, values without the trailing blanks llhttp keeps); True for `expect:
+# 100-continue`. The compiled twin (`sidecar/_heads.c`) where it was built: on the path to each
+# stream's first token.
 read_headers: Callable[[list[tuple[bytes, bytes]]], bool] = (
-    _read_headers if heads is None else heads.read_headers
+    head_rules.read_headers if heads is None else heads.read_headers
 )
 
 
