@@ -1,11 +1,14 @@
-"""Which per-chunk core runs: the compiled one where it was built, else the Python one.
+"""The one seam between the compiled core and the Python one: what runs is decided here.
 
-`make install` (and any `pip install` from source with a C compiler) builds
-`middleware/_relaycore.c` (`RelayCore`) and `middleware/_frame.c` (`Frame`), picked here,
-and the other compiled modules their own modules pick; where no compiler exists the install
-goes on without them. `SIDESTREAM_NO_EXTENSIONS=1` picks the Python twins even where the
-compiled ones were built (the test suite runs once each way). `core()` says which runs, where
-a user reads it: the sidecar's start line and `sidestream --version`.
+`make install` (and any `pip install` from source with a C compiler and Cython) builds the
+compiled modules; where it cannot, the install goes on without them. `compiled` is the one
+place that imports them: the compiled module where it was built and `SIDESTREAM_NO_EXTENSIONS`
+(read here only) is not set, else None and the Python twin runs (the test suite runs once
+each way). The middleware's picks are bound below: `RelayCore` and `Tally`
+(`middleware/_relaycore.c`), `Frame` and `first_token` (`_frame.c`), forced usage's scanner
+(`_usage.c`); the sidecar's in `sidecar.speedups`, which asks `compiled` the same way (this
+package never imports the sidecar). `core()` says which runs, where a user reads it: the
+sidecar's start line and `sidestream --version`, once both modules have asked.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 DISABLE = "SIDESTREAM_NO_EXTENSIONS"
-# The compiled modules asked for so far, and whether each was there.
+# The compiled modules asked for so far, and whether each runs (False: not built, or off).
 _asked: dict[str, bool] = {}
 
 
@@ -28,6 +31,7 @@ def compiled(name: str) -> ModuleType | None:
     """The compiled module `name`, or None: turned off by `SIDESTREAM_NO_EXTENSIONS`, or not
     built (`core()` names it)."""
     if disabled():
+        _asked[name] = False
         return None
     try:
         module = importlib.import_module(name)
@@ -64,5 +68,8 @@ else:
         Frame, first_token = _frame.Frame, _frame.first_token
     else:
         from middleware.frame import Frame, first_token
+# Forced usage's two questions answered in one pass over the bytes (`usage`, `usage_hide`);
+# None: the json module answers them.
+usage_scanner: ModuleType | None = compiled("middleware._usage")
 
-__all__ = ["Frame", "RelayCore", "Tally", "compiled", "core", "first_token"]
+__all__ = ["Frame", "RelayCore", "Tally", "compiled", "core", "first_token", "usage_scanner"]

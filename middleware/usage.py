@@ -37,7 +37,7 @@ from operator import itemgetter
 from typing import Any
 
 from middleware.dialects import select
-from middleware.speedups import compiled
+from middleware.speedups import usage_scanner
 from middleware.types import Message, Receive, Scope
 from middleware.usage_hide import HideUsage
 
@@ -46,7 +46,7 @@ BODY_LIMIT = 1 << 20  # request bytes read and parsed at most; a larger body goe
 PATHS = ("openai.chat", "openai.completions")  # the dialects whose requests are rewritten
 # The request's question answered in one pass over the bytes, without the JSON's objects,
 # where built (`middleware/_usage.c`); what it leaves to this module (ASK) is answered here.
-_compiled = compiled("middleware._usage")
+_compiled = usage_scanner
 
 
 class _Duplicate(ValueError):

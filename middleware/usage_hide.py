@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from middleware.speedups import compiled
+from middleware.speedups import usage_scanner
 from middleware.usage_examine import DROP, KEEP, MORE, STRIP, UNSURE, examine
 
 HOLD_LIMIT = 1 << 16  # bytes of one block held to decide it, at most: past it, relayed as is
-_compiled = compiled("middleware._usage")
+_compiled = usage_scanner  # `_usage.c` where built (`middleware.speedups`)
 EMIT, HOLD, GONE = 1, 2, 3  # what becomes of an LF after a CR: where its line went
 BOM = b"\xef\xbb\xbf"
 LEAD = 64  # a held line's first bytes kept apart, to tell a `data:` line's first value byte

@@ -37,7 +37,6 @@ from typing import Any
 from middleware.guard import StreamGuard
 from middleware.probe import ProbeApp
 from middleware.registry import StreamRegistry
-from middleware.speedups import core
 from sidecar.admin import AdminApp, UpstreamHealth
 from sidecar.build_info import build_info, with_build_info
 from sidecar.config import Settings, version
@@ -54,6 +53,7 @@ from sidecar.servers.sockets import (
     listen_all,
 )
 from sidecar.servers.uvicorn_listener import admin_server, traffic_server, use_internals
+from sidecar.speedups import running
 from sidecar.upstream.tls import UpstreamTLS
 
 logger = logging.getLogger("sidestream")
@@ -289,7 +289,7 @@ def run(settings: Settings, telemetry: Any = None) -> int:
     logger.info(
         "sidestream %s (%s) on %s -> %s (admin %s, %d file descriptors)",
         version(),
-        core(),
+        running(),
         bound_address(sockets["listen"]),
         settings.upstream,
         bound_address(admin) if admin is not None else "off",

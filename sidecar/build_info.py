@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from middleware.registry import StreamRegistry
-from middleware.speedups import core
 from sidecar.config import version
+from sidecar.speedups import running
 
 Metrics = Callable[[], Awaitable[bytes] | bytes]
 
 
 def build_info() -> dict[str, str]:
-    return {"version": version(), "core": core(), "python": platform.python_version()}
+    return {"version": version(), "core": running(), "python": platform.python_version()}
 
 
 def prometheus_text() -> bytes:

@@ -6,9 +6,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from middleware.speedups import core
 from sidecar.app import run
 from sidecar.config import Settings, load, version
+from sidecar.speedups import running
 
 if TYPE_CHECKING:
     from middleware.telemetry import Telemetry
@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return probe(args[1:])
     if "--version" in args:  # and which core: the first thing to ask of an installed wheel
-        print(f"sidestream {version()} ({core()})")
+        print(f"sidestream {version()} ({running()})")
         return 0
     settings = load(args)
     telemetry = sidecar_telemetry(settings)

@@ -66,7 +66,7 @@ import functools
 import importlib
 import importlib.metadata
 
-from middleware.speedups import compiled
+from sidecar.speedups import uvread
 
 # uvloop releases read against the rules above, exactly: a patch release may move a field
 # (the layouts are private), so any other version takes the public path until it is read.
@@ -108,7 +108,7 @@ def direct_fd(transport: asyncio.BaseTransport) -> int | None:
     return fd if fd >= 0 else None
 
 
-_uvread = compiled("sidecar._uvread")
+_uvread = uvread  # `_uvread.c` where built (`sidecar.speedups`)
 
 
 def quiet_reads(
