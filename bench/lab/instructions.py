@@ -1,5 +1,5 @@
-"""`python -m bench.lab.instructions [--otel] [--streams N] [--tokens T,T2]`: CPU instructions the
-sidecar spends per relayed token and per stream, counted by callgrind.
+"""`python -m bench.lab.instructions [--otel] [--streams N] [--tokens T,T2] [--flags F]`: CPU
+instructions the sidecar spends per relayed token and per stream, counted by callgrind.
 
 Wall-clock CPU on a shared machine moves by ±15% between runs; instruction counts do not
 (the same code, input and environment give the same count within a fraction of a percent,
@@ -13,6 +13,13 @@ to count without spans). How: the emulator runs natively; the sidecar runs under
 instrumentation off until a warm-up is done, then on for one paced load (`bench.loadgen`,
 N streams x T tokens, 20 ms apart, as scenario a); that is repeated for two values of T, and
 the two totals give a line: instructions per token (slope) and per stream (intercept).
+Telemetry folds a stream's chunk times every `gaps.TIMES_KEPT` (256) tokens, a step that a
+stream shorter than that never takes: a pair of lengths on either side of it counts the
+step in the slope. Give three lengths (`--tokens 100,200,300`) to see it: a line for each
+consecutive pair.
+`--flags` passes more sidecar flags, e.g. `--flags=--resume` (a Redis store is the
+caller's to start: `--flags="--resume --resume-store redis://127.0.0.1:6390/0
+--resume-secret-file /tmp/secret"`).
 Needs valgrind (`apt-get install valgrind`). Takes about a minute.
 """
 
@@ -20,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -84,7 +93,9 @@ def loadgen(port: int, streams: int, tokens: int, itl_ms: float, stamp: bool = T
     )
 
 
-def counted(streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path) -> tuple[int, int]:
+def counted(
+    streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path, flags: tuple[str, ...] = ()
+) -> tuple[int, int]:
     """Instructions the sidecar executed during one paced load of streams x tokens, and
     how many of them were the cyclic collector's passes."""
     upstream, port, admin, sink = free_port(), free_port(), free_port(), free_port()
@@ -107,7 +118,7 @@ def counted(streams: int, tokens: int, otel: bool, stamp: bool, workdir: Path) -
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
         argv += [f"--callgrind-out-file={out}", PY, "-m", "sidecar"]
         argv += ["--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{upstream}"]
-        argv += ["--admin-listen", f"127.0.0.1:{admin}", "--drain-timeout", "1"]
+        argv += ["--admin-listen", f"127.0.0.1:{admin}", "--drain-timeout", "1", *flags]
         log = open(workdir / "sidecar.log", "ab")  # noqa: SIM115 - closed below
         sidecar = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log)
         log.close()
@@ -142,7 +153,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--otel", action="store_true", help="telemetry on (spans + metrics)")
     parser.add_argument("--streams", type=int, default=10)
-    parser.add_argument("--tokens", default="100,300", help="two stream lengths, T1,T2")
+    parser.add_argument(
+        "--tokens", default="100,300", help="two or more stream lengths, T1,T2[,T3...]"
+    )
     parser.add_argument(
         "--keep", type=Path, help="keep the callgrind outputs here (for callgrind_annotate)"
     )
@@ -151,24 +164,37 @@ def main() -> int:
         action="store_true",
         help="chunks without the per-chunk timestamp (a constant tail, as vLLM sends)",
     )
+    parser.add_argument("--flags", default="", help="more sidecar flags, e.g. --flags=--resume")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind)")
         return 2
-    short, long = (int(t) for t in args.tokens.split(","))
+    lengths = [int(t) for t in args.tokens.split(",")]
+    if len(lengths) < 2 or lengths != sorted(set(lengths)) or lengths[0] < 1:
+        parser.error("--tokens: two or more distinct stream lengths, ascending")
+    flags = tuple(shlex.split(args.flags))
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        a, gc_a = counted(args.streams, short, args.otel, not args.unstamped, workdir)
-        b, gc_b = counted(args.streams, long, args.otel, not args.unstamped, workdir)
-    mode = "telemetry on" if args.otel else "telemetry off"
-    per_token, per_stream = line(a, b, args.streams, short, long)
-    print(f"sidecar, {mode}: {per_token:,.0f} instructions per token, {per_stream:,.0f} per stream")
-    per_token, per_stream = line(a - gc_a, b - gc_b, args.streams, short, long)
-    print(
-        f"  without the collector's passes ({gc_a:,} and {gc_b:,} of the two loads): "
-        f"{per_token:,.0f} per token, {per_stream:,.0f} per stream"
-    )
+        totals = [
+            counted(args.streams, tokens, args.otel, not args.unstamped, workdir, flags)
+            for tokens in lengths
+        ]
+    mode = ("telemetry on" if args.otel else "telemetry off") + (f", {args.flags}" if flags else "")
+    for (short, (a, gc_a)), (long, (b, gc_b)) in itertools.pairwise(
+        zip(lengths, totals, strict=True)
+    ):
+        pair = f" ({short} and {long} tokens)" if len(lengths) > 2 else ""
+        per_token, per_stream = line(a, b, args.streams, short, long)
+        print(
+            f"sidecar, {mode}{pair}: {per_token:,.0f} instructions per token, "
+            f"{per_stream:,.0f} per stream"
+        )
+        per_token, per_stream = line(a - gc_a, b - gc_b, args.streams, short, long)
+        print(
+            f"  without the collector's passes ({gc_a:,} and {gc_b:,} of the two loads): "
+            f"{per_token:,.0f} per token, {per_stream:,.0f} per stream"
+        )
     return 0
 
 

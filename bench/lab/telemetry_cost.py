@@ -1,4 +1,5 @@
-"""`python -m bench.lab.telemetry_cost`: what each part of telemetry costs, in CPU instructions.
+"""`python -m bench.lab.telemetry_cost [--sinks]`: what each part of telemetry costs, in CPU
+instructions.
 
 `bench.lab.instructions` counts the whole sidecar; this splits telemetry's share. Streams of
 OpenAI chat chunks (the emulator's stamped shape, or vLLM's with `--unstamped`) go through
@@ -14,10 +15,17 @@ path the sidecar uses, finish + usage + [DONE] — under callgrind, in these set
 - `sdk-span`: the same with SDK spans (`Telemetry(tracer_provider=...)`), for comparison;
 - `sdk-encode`: SDK spans and the SDK's own encoder.
 
+With `--sinks`, each sink's share as the sidecar ships them (`encode`'s exporter) instead:
+`off`, then `none` (the record and its summary, no sink: `SIDESTREAM_TELEMETRY_SINKS=none`),
+`span`, `metrics`, `access` (that sink alone) and `all`.
+
 Each is run for two stream counts and two stream lengths, so the counts give instructions
 per token (the slope) and per stream (the rest); differences between setups are the cost of
-each part. The HTTP export itself is not included (about 0.17 M instructions per span in
-batches of 50, measured against `bench.sink`). Needs valgrind; takes about two minutes.
+each part. The cyclic collector's passes are left out and the hash seed is fixed, so a
+setup's per-stream figure repeats to a fraction of a percent; per token still moves by a
+few hundred (the gaps' sort meets the clock's own values). The HTTP export itself is not
+included (about 0.17 M instructions per span in batches of 50, measured against
+`bench.sink`). Needs valgrind; takes about two minutes (`--sinks`: about as long).
 """
 
 from __future__ import annotations
@@ -36,13 +44,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.lab.instructions import callgrind_total
+from bench.lab.instructions import callgrind_total, collector
 from bench.targets import PY, ROOT
 from sidecar.emulator.frames import DONE, END, STAMP_END, Frames
 from sidecar.emulator.plan import Headers, plan_post
 from sidecar.emulator.text import token_cycle
 
 SETUPS = ("off", "record", "span", "encode", "sdk-span", "sdk-encode")
+# `--sinks`: the sidecar's exporter (`encode`) with these sinks (`Telemetry(sinks=...)`).
+SINK_SETUPS = {
+    "none": (),
+    "span": ("span",),
+    "metrics": ("metrics",),
+    "access": ("access",),
+    "all": ("span", "metrics", "access"),
+}
 REQUEST = json.dumps(
     {
         "model": "emulator",
@@ -104,8 +120,11 @@ def telemetry(setup: str) -> Any:
     readers = [InMemoryMetricReader()]
     if setup == "record":
         return Telemetry(metric_readers=readers)
+    sinks = SINK_SETUPS.get(setup, ("span", "metrics", "access"))
     exporter: SpanExporter = Dropping()
-    if setup == "encode":  # the sidecar's exporter, its HTTP client one that sends nothing
+    if (
+        setup == "encode" or setup in SINK_SETUPS
+    ):  # the sidecar's exporter, its HTTP client one that sends nothing
         from middleware.telemetry.otlp import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
@@ -115,7 +134,7 @@ def telemetry(setup: str) -> Any:
         provider = TracerProvider()
         provider.add_span_processor(processor)
         return Telemetry(tracer_provider=provider, metric_readers=readers)
-    return Telemetry(span_processor=processor, metric_readers=readers)
+    return Telemetry(span_processor=processor, metric_readers=readers, sinks=sinks)
 
 
 async def run(setup: str, streams: int, tokens: int, stamped: bool) -> None:
@@ -178,17 +197,24 @@ async def run(setup: str, streams: int, tokens: int, stamped: bool) -> None:
 
 
 def counted(setup: str, streams: int, tokens: int, stamped: bool, workdir: Path) -> int:
+    """Instructions of one run, the cyclic collector's passes left out: whether one lands in
+    a run is chance (see `instructions.collector`), and one moves a per-token figure by
+    hundreds of instructions."""
     out = workdir / f"{setup}.{streams}.{tokens}.out"
     argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     argv += [PY, "-m", "bench.lab.telemetry_cost", "--child", setup, str(streams), str(tokens)]
     argv += [] if stamped else ["--unstamped"]
-    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
-    return callgrind_total([out])
+    # One hash seed for every run: string hashes move dict and set layouts, and with them
+    # the count of a run by hundreds of instructions a token.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
+    return callgrind_total([out]) - collector([out])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--unstamped", action="store_true", help="vLLM's chunk shape")
+    parser.add_argument("--sinks", action="store_true", help="each sink's share instead")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -201,7 +227,7 @@ def main() -> int:
     stamped = not args.unstamped
     print(f"{'setup':<11} {'per token':>10} {'per stream':>11}   (instructions)")
     with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
-        for setup in SETUPS:
+        for setup in ("off", *SINK_SETUPS) if args.sinks else SETUPS:
             # streams x tokens: (10, 5) (60, 5) (10, 105) -> per stream and per token
             base = counted(setup, 10, 5, stamped, Path(tmp))
             more = counted(setup, 60, 5, stamped, Path(tmp))

@@ -92,9 +92,20 @@ class LocalHistogram(_Local):
 
     def record(self, value: float, key: Key) -> None:
         """Add one value to the series `key` (see `series`)."""
+        buckets = self._series.get(key)
+        self.record_in(buckets if buckets is not None else self.series_of(key), value)
+
+    def series_of(self, key: Key) -> _Buckets:
+        """The series `key`'s aggregation (made now when new), for `record_in`: a caller that
+        records into the same series stream after stream resolves it once (the series are
+        cumulative: never dropped, so it stays the one collected)."""
+        with self._lock:
+            return self._series.get(key) or self._new(key)
+
+    def record_in(self, buckets: _Buckets, value: float) -> None:
+        """Add one value to a series `series_of` gave."""
         index = bisect.bisect_left(self.bounds, value)
         with self._lock:
-            buckets = self._series.get(key) or self._new(key)
             buckets.counts[index] += 1
             buckets.count += 1
             buckets.total += value
@@ -140,6 +151,7 @@ class LocalHistogram(_Local):
                 max=s.max,
             )
             for key, s in self._series.items()
+            if s.count  # resolved (`series_of`) but not recorded into yet: not a point
         ]
 
     def _data(self, points: list[Any]) -> Histogram:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status
 
 from middleware.speedups import compiled
 from middleware.telemetry import otlp_attributes, semconv
@@ -114,7 +114,7 @@ class Encoder:
         self._keys: dict[str, bytes] = {}  # encoded key fields
         self._names: dict[str, bytes] = {}  # span name fields
         self._events: dict[str, tuple[bytes, bytes]] = {}  # see _event
-        self._statuses: dict[tuple[StatusCode, str | None], bytes] = {}  # Status fields
+        self._statuses: dict[tuple[int, str | None], bytes] = {}  # Status fields, by code
         self._resources: dict[Resource, bytes] = {}
         self._scopes: dict[InstrumentationScope | None, bytes] = {}
 
@@ -239,7 +239,7 @@ class Encoder:
         if name_field is None:
             name_field = _keep(self._names, name, _string(b"\x2a", name))
         parts.append(name_field)
-        parts.append(_KINDS[kind])
+        parts.append(_KINDS[kind._value_])  # by value: an Enum hashes in Python (`__hash__`)
         if start_time:
             parts.append(b"\x39" + _fixed64(start_time))
         if end_time:
@@ -275,13 +275,12 @@ class Encoder:
             parts.append(_field(b"\x6a", body))
         if dropped_links:
             parts.append(b"\x70" + _varint(dropped_links))
-        encoded = self._statuses.get((status.status_code, status.description))
+        code: int = status.status_code._value_  # by value, as the kind above
+        description = status.description
+        encoded = self._statuses.get((code, description))
         if encoded is None:
-            code = status.status_code.value
-            body = _string(b"\x12", status.description) + (b"\x18" + _varint(code) if code else b"")
-            encoded = _keep(
-                self._statuses, (status.status_code, status.description), _field(b"\x7a", body)
-            )
+            body = _string(b"\x12", description) + (b"\x18" + _varint(code) if code else b"")
+            encoded = _keep(self._statuses, (code, description), _field(b"\x7a", body))
         parts.append(encoded)
         parts.append(b"\x85\x01" + _fixed32(_flags(parent)))
         return _field(b"\x12", b"".join(parts))
@@ -312,7 +311,7 @@ class Encoder:
         return b"".join(out)
 
 
-_KINDS = {kind: b"\x30" + _varint(number) for kind, number in _KIND.items()}
+_KINDS = {kind._value_: b"\x30" + _varint(number) for kind, number in _KIND.items()}
 
 
 class EncodedSpan:

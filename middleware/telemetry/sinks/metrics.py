@@ -11,7 +11,7 @@ export reads.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from middleware.errors import Outcome
@@ -30,14 +30,25 @@ _CANCELLED = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=1024)
-def _usage_series(key: Key) -> tuple[Key, Key]:
-    """The token-usage series (input, output) of a stream's series `key`."""
-    attributes = dict(key)
-    return (
-        series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "input"}),
-        series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "output"}),
-    )
+BOUND_MOST = 1024  # attribute sets whose series are kept resolved (`MetricsSink._bind`)
+
+
+class _Bound:
+    """The series of one GenAI attribute set, resolved once: its key (for the chunk histogram
+    and the by-error duration) and its aggregations in the duration, time to first chunk and
+    token usage (input, output) instruments."""
+
+    __slots__ = ("duration", "input", "key", "output", "ttfc")
+
+    def __init__(self, sink: MetricsSink, key: Key) -> None:
+        self.key = key
+        self.duration = sink.duration.series_of(key)
+        self.ttfc = sink.ttfc.series_of(key)
+        attributes = dict(key)
+        by_input = series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "input"})
+        by_output = series({**attributes, semconv.GEN_AI_TOKEN_TYPE: "output"})
+        self.input = sink.token_usage.series_of(by_input)
+        self.output = sink.token_usage.series_of(by_output)
 
 
 class MetricsSink:
@@ -65,6 +76,9 @@ class MetricsSink:
         self.keepalives = keepalives
         self.cancellations = cancellations
         self.cancel_latency = cancel_latency
+        # A stream's attribute set (`Summary.series`, as built: its items in their order) ->
+        # its series, resolved once rather than keyed and looked up per measurement.
+        self._bound: dict[tuple[tuple[str, str | int], ...], _Bound] = {}
 
     def emit(self, summary: Summary) -> None:
         if summary.genai:
@@ -75,24 +89,32 @@ class MetricsSink:
     def _genai(self, summary: Summary) -> None:
         """A GenAI operation's: its duration, its tokens, and a stream's chunk times."""
         attributes = summary.series
-        key = series(attributes)
+        bound = self._bound.get(tuple(attributes.items())) or self._bind(attributes)
         error_type = summary.error_type
         if error_type is not None:
             by_error = series({**attributes, semconv.ERROR_TYPE: error_type})
             self.duration.record(summary.duration, by_error)
         else:
-            self.duration.record(summary.duration, key)
+            self.duration.record_in(bound.duration, summary.duration)
         if summary.streaming:
             if summary.ttft is not None:
-                self.ttfc.record(summary.ttft, key)
-            self.chunks.fold(summary.gaps, key)
+                self.ttfc.record_in(bound.ttfc, summary.ttft)
+            self.chunks.fold(summary.gaps, bound.key)
         input_tokens, output_tokens = summary.input_tokens, summary.output_tokens
-        if input_tokens is not None or output_tokens is not None:
-            by_input, by_output = _usage_series(key)
-            if input_tokens is not None:
-                self.token_usage.record(input_tokens, by_input)
-            if output_tokens is not None:
-                self.token_usage.record(output_tokens, by_output)
+        if input_tokens is not None:
+            self.token_usage.record_in(bound.input, input_tokens)
+        if output_tokens is not None:
+            self.token_usage.record_in(bound.output, output_tokens)
+
+    def _bind(self, attributes: Mapping[str, str | int]) -> _Bound:
+        """Resolve the series of a new attribute set. The model is the client's to name, so
+        the sets are not bounded: past `BOUND_MOST` the resolved ones are dropped (and are
+        resolved again as they recur), as the instruments' series stay."""
+        bound = self._bound
+        if len(bound) >= BOUND_MOST:
+            bound.clear()
+        made = bound[tuple(attributes.items())] = _Bound(self, series(attributes))
+        return made
 
     def _stream(self, summary: Summary) -> None:
         """A stream's (and only a stream's): its outcome, keep-alives and cancellation."""
