@@ -23,7 +23,6 @@ import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from middleware.relay import then
 from middleware.resume.ids import (
     CREDENTIAL_HEADERS,
     MIN_SECRET_BYTES,
@@ -144,7 +143,9 @@ class Resume:
         producer = Producer(cycle, stream_id, log, self.limits.grace, self.live)
         self.live[stream_id] = producer
         cycle.resumable = producer
-        cycle.edit = then(cycle.edit, producer.stamper)
+        if cycle.edit is not None:  # `relay.then`, run by the stamper
+            producer.stamper.after(cycle.edit)
+        cycle.edit = producer.stamper
         cycle.slice_bytes = SLICE_BYTES
         start["headers"].append((STREAM_ID, stream_id.encode()))
 

@@ -188,6 +188,7 @@ class Producer:
             error = cycle.error or _error_for(outcome)
             dialect = cycle.dialect or select(cycle.scope.get("path", ""))
             stamper = self.stamper
+            stamper.before = stamper.first = None  # its own end: not the client's edit's
             state = LineState.LINE if stamper.at_start else LineState.MID
             if stamper.at_boundary:
                 state = LineState.EVENT

@@ -29,13 +29,18 @@ side at most `max_event` bytes, where it took the event twice over (its parts, t
 from __future__ import annotations
 
 import sys
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from middleware.resume.store import LOST
 
+if TYPE_CHECKING:
+    from middleware.relaycore import Edit
+
 CR, LF = 13, 10
-# The state `undo` goes back to: n, the line flags, the parts list and how long it was.
-_Saved = tuple[int, bool, bool, bool, bool, bool, bool, bool, int, list[bytes], int]
+# The state `undo` goes back to: n, the line flags, the parts list and how long it was; or,
+# after a fast path's call, how many events it stamped (only n moved).
+_Saved = tuple[int, bool, bool, bool, bool, bool, bool, bool, int, list[bytes], int] | int
 
 
 class Log(Protocol):
@@ -55,9 +60,11 @@ class Stamper:
         "after_cr",
         "appended",
         "at_start",
+        "before",
         "boundary",
         "dropping",
         "fields",
+        "first",
         "fmt",
         "held",
         "id_field",
@@ -71,7 +78,6 @@ class Stamper:
         "saved",
         "stamped",
         "suffix",
-        "undo_n",
     )
 
     def __init__(self, stream_id: str, log: Log, max_event: int | None = None) -> None:
@@ -83,7 +89,11 @@ class Stamper:
         self.id_line = self.id_field + b"\n"
         self.fmt = b"%bid: " + stream_id.encode() + b":%d\n\n"  # a one-line event's end
         self.n = 0  # events so far
-        self.undo_n = 0  # n before the last call
+        # An edit run on each chunk first (forced usage's hiding: the hidden event takes no
+        # id), called by its bound `__call__`, which Python calls without the detour an
+        # object's own call takes (`then`'s `Chain` does that twice a chunk).
+        self.before: Edit | None = None
+        self.first: Callable[[bytes], bytes] | None = None
         self.boundary = True  # at an event boundary: the fast paths apply
         self.at_start = True  # at the start of a line
         self.after_cr = False  # the last byte was a CR: an LF next ends the same line
@@ -94,9 +104,8 @@ class Stamper:
         self.parts: list[bytes] = []  # the current event's output so far
         self.held = 0  # ... its bytes
         self.lost = False  # the current event outgrew `max_event`: its parts are dropped
-        self.appended = 0  # events handed to the log by the last call
-        # The state before the last call, for `undo` (None after a fast path's call).
-        self.saved: _Saved | None = None
+        self.appended = 0  # events handed to the log by the last call (the general case)
+        self.saved: _Saved = 0  # the state before the last call, for `undo`
 
     @property
     def events(self) -> int:
@@ -106,8 +115,14 @@ class Stamper:
     def at_boundary(self) -> bool:
         return self.boundary
 
+    def after(self, edit: Edit) -> None:
+        """Run `edit` on each chunk first (`relay.then`, in one call)."""
+        self.before, self.first = edit, edit.__call__
+
     def __call__(self, body: bytes) -> bytes:
-        n = self.undo_n = self.n
+        if self.first is not None:
+            body = self.first(body)
+        n = self.n
         if self.boundary and CR not in body:
             end = len(body) - 2
             if (
@@ -117,8 +132,7 @@ class Stamper:
                 and not body.startswith((b":", b"id"))
             ):  # the usual chunk: one one-line event
                 self.n = n = n + 1
-                self.saved = None
-                self.appended = 1
+                self.saved = 1
                 out: bytes = self.fmt % (body[:-1], n)
                 self.log.append(out if len(out) <= self.max_event else LOST)
                 return out
@@ -138,8 +152,7 @@ class Stamper:
                     pieces.append(stamped)
                     log.append(stamped if len(stamped) <= most else LOST)
                 self.n = n
-                self.saved = None
-                self.appended = len(events)
+                self.saved = len(events)
                 return b"".join(pieces)
         # The parts list itself: a call that ends the event or drops its parts starts a new
         # list, and leaves this one as it was for `undo`.
@@ -163,27 +176,30 @@ class Stamper:
         return out
 
     def undo(self) -> None:
-        saved = self.saved
-        if saved is None:  # a fast path's call: only n moved
-            self.n = self.undo_n
-        else:
-            self.saved = None
-            (
-                self.n,
-                self.at_start,
-                self.after_cr,
-                self.dropping,
-                self.fields,
-                self.stamped,
-                self.replaced,
-                self.lost,
-                self.held,
-                parts,
-                kept,
-            ) = saved
-            del parts[kept:]
-            self.parts = parts
-            self._at_boundary()
+        if self.before is not None:
+            self.before.undo()
+        saved, self.saved = self.saved, 0
+        if isinstance(saved, int):  # a fast path's call: only n moved
+            self.n -= saved
+            if saved:
+                self.log.retract(saved)
+            return
+        (
+            self.n,
+            self.at_start,
+            self.after_cr,
+            self.dropping,
+            self.fields,
+            self.stamped,
+            self.replaced,
+            self.lost,
+            self.held,
+            parts,
+            kept,
+        ) = saved
+        del parts[kept:]
+        self.parts = parts
+        self._at_boundary()
         if self.appended:
             self.log.retract(self.appended)
             self.appended = 0

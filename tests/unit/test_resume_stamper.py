@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from middleware.resume.stamper import Stamper
 from middleware.sse import LineState, advance
+from middleware.usage_hide import HideUsage
 
 SID = "A" * 22
 
@@ -103,3 +104,23 @@ def test_undo_forgets_the_last_call() -> None:
     stamper.undo()
     assert stamper.events == 2 and len(log.events) == 2
     assert stamper(b"data: c\n\n") == one and stamper.events == 3
+
+
+def test_an_edit_before_the_stamp_hides_its_event_from_the_ids_and_undoes_with_it() -> None:
+    """Forced usage's hiding runs before the stamp (`Stamper.after`): the hidden usage-only
+    chunk takes no id and no place in the log, and `undo` forgets the last call in both."""
+    log = ListLog()
+    stamper = Stamper(SID, log)
+    stamper.after(HideUsage())
+    first = stamper(b'data: {"id":"x","choices":[{"delta":{"content":"a"}}],"usage":null}\n\n')
+    assert (
+        first
+        == f'data: {{"id":"x","choices":[{{"delta":{{"content":"a"}}}}]}}\nid: {SID}:1\n\n'.encode()
+    )
+    usage = b'data: {"id":"x","choices":[],"usage":{"total_tokens":3}}\n\n'
+    assert stamper(usage) == b"" and stamper.events == 1 and len(log.events) == 1
+    done = stamper(b"data: [DONE]\n\n")
+    stamper.undo()
+    assert stamper.events == 1 and log.events == [first]
+    assert stamper(b"data: [DONE]\n\n") == done == f"data: [DONE]\nid: {SID}:2\n\n".encode()
+    assert log.events == [first, done]
