@@ -17,7 +17,6 @@ from time import monotonic
 from middleware.dialects import Dialect, sniff
 from middleware.phases import BODY, DONE, HEADERS, START, Phase, step
 from middleware.receiver import Receiver
-from middleware.relaycore import Edit
 from middleware.speedups import RelayCore
 from middleware.sse import LineState, message_event
 from middleware.types import Message, Send, SendNowait
@@ -25,30 +24,6 @@ from middleware.types import Message, Send, SendNowait
 BOM = b"\xef\xbb\xbf"
 KEEPALIVE = b": keep-alive\n"
 EVENT = LineState.EVENT  # a module global, as the phases (see `phases.START`)
-
-
-class Chain:
-    """Two edits, one after the other (forced usage's hiding, then resume's stamping: the
-    hidden event takes no id, and a resumed reader never sees it either)."""
-
-    __slots__ = ("ends", "first", "second")
-
-    def __init__(self, first: Edit, second: Edit) -> None:
-        self.first, self.second = first, second
-        a, b = first.ends, second.ends
-        self.ends = None if a is None or b is None else a | b
-
-    def __call__(self, body: bytes) -> bytes:
-        return self.second(self.first(body))
-
-    def undo(self) -> None:
-        self.first.undo()
-        self.second.undo()
-
-
-def then(edit: Edit | None, more: Edit) -> Edit:
-    """`more` after whatever edit a stream has already."""
-    return more if edit is None else Chain(edit, more)
 
 
 class Relay(RelayCore):

@@ -91,7 +91,7 @@ class Stamper:
         self.n = 0  # events so far
         # An edit run on each chunk first (forced usage's hiding: the hidden event takes no
         # id), called by its bound `__call__`, which Python calls without the detour an
-        # object's own call takes (`then`'s `Chain` does that twice a chunk).
+        # object's own call takes (a wrapper object holding both edits did that twice a chunk).
         self.before: Edit | None = None
         self.first: Callable[[bytes], bytes] | None = None
         self.boundary = True  # at an event boundary: the fast paths apply
