@@ -61,15 +61,18 @@ class ClientDisconnected(Exception):
 class MapExceptions:
     """`with map_exceptions:` translates httpcore's exceptions (the h2c pool) into the
     `middleware.errors` hierarchy. One stateless object, not a generator context manager:
-    a stream would hold the generator and its frame for as long as it is open."""
+    a stream would hold the generator and its frame for as long as it is open. Its methods
+    are static: `with` then takes the function itself, where a method would be bound anew
+    for each `with` and held on the stack of every open stream's frame."""
 
     __slots__ = ()
 
-    def __enter__(self) -> None:
+    @staticmethod
+    def __enter__() -> None:
         return None
 
+    @staticmethod
     def __exit__(
-        self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: types.TracebackType | None,

@@ -95,6 +95,7 @@ class Served:
         "asgi_version",
         "config",
         "connections",
+        "forget",
         "limit_concurrency",
         "loop",
         "reset_contextvars",
@@ -121,6 +122,7 @@ class Served:
         self.app_state = app_state
         self.connections: set[Any] = server_state.connections
         self.tasks: set[asyncio.Task[None]] = server_state.tasks
+        self.forget = self.tasks.discard  # each request task's done callback: one, not one each
         self.root_path: str = config.root_path
         self.asgi_version: str = config.asgi_version
         self.limit_concurrency: int | None = config.limit_concurrency

@@ -12,13 +12,18 @@ chunk list sits here per connection; request writes wait on `pause_writing`.
 Deliberate surprises:
 - One parser per exchange: llhttp cannot be told that a response answers HEAD, so a HEAD
   response is complete at its headers and its parser is dropped with whatever state it had.
+- A chunked body's parser is let go while it stands between chunks (`_rest`): the usual read
+  (whole chunks: a token) is taken without it (`h1core`), and thousands of open streams
+  would each hold one (its llhttp state and a bound method per callback, about 0.9 KB). The
+  connection stands in for it meanwhile (`feed_data`): a read that needs a parser gets a new
+  one, made to stand where the last one stood by a head that says what the real one said.
 - Errors are already `middleware.errors` classes: there is no foreign hierarchy to map.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -33,6 +38,9 @@ from sidecar.upstream.h1core import MAX_HEAD_BYTES
 from sidecar.upstream.types import Headers
 
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+# What a resting parser's successor is fed first (`feed_data`): a chunked HTTP/1.1 response
+# kept alive, as was the one at rest (`_restful`), with its body just begun.
+_RESUMED_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 class _Refused(Exception):
@@ -49,6 +57,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         "_head_request",
         "_informational",
         "_loop",
+        "_restful",
         "dead",
         "error",
         "head_done",
@@ -73,7 +82,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.lost = False  # connection_lost ran: no event will come any more
         self.idle_since = 0.0
         self.chunks = []
-        self.on_body = self.chunks.append  # the parser's body callback, called from C
+        self.on_body: Callable[[bytes], object] | None = None  # the parser's (`_parse`)
         self.waiter: asyncio.Future[None] | None = None  # head and state changes
         self.reader: asyncio.Future[bytes] | None = None  # the body's next chunk
         self.sink = None
@@ -100,18 +109,19 @@ class H1Connection(H1Core, asyncio.Protocol):
         self._head_bytes = 0
         self._framed = False  # Content-Length or Transfer-Encoding seen
         self._informational = False
+        self._restful = False  # its parser may rest between chunks (`_rest`)
         self.chunk_end = self.at_boundary = False
-        self._parser = httptools.HttpResponseParser(self) if method else None
+        self._parser = self._parse() if method else None
         if method and self.transport is not None:
             self.quiet()
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # TCP_NODELAY (no token held back for the last one's ACK) is the transport's own:
+        # uvloop's and asyncio's TCP transports set it. Asked for here, the socket object
+        # would stay with every connection (uvloop keeps the one it made for the question).
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _feed_failed(self, exc: Exception) -> None:
         cause = exc.__context__ if isinstance(exc.__context__, _Refused) else exc
@@ -119,6 +129,8 @@ class H1Connection(H1Core, asyncio.Protocol):
 
     def _after_feed(self) -> None:
         """A read is parsed and its body bytes (if any) were not all taken by the sink."""
+        if self.at_boundary and self._restful and cast(object, self._parser) is not self:
+            self._rest()
         reader = self.reader
         if reader is not None:
             if reader.done():  # cancelled
@@ -171,8 +183,11 @@ class H1Connection(H1Core, asyncio.Protocol):
         raise _Refused(f"response headers exceed {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
-        assert self._parser is not None
-        status = self._parser.get_status_code()
+        parser = self._parser
+        if cast(object, parser) is self:  # `feed_data` making a parser again: its head is not news
+            return
+        assert parser is not None
+        status = parser.get_status_code()
         if 100 <= status < 200:  # 100 Continue, 103 Early Hints: wait for the real one
             self._informational = True
             self.headers = []
@@ -188,7 +203,9 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.chunk_end = self._framed and chunked(self.headers, names)
         if self._head_request:
             self.complete = True
-            self.keep_alive = self._parser.should_keep_alive()
+            self.keep_alive = parser.should_keep_alive()
+        elif self.chunk_end:  # HTTP/1.1 kept alive: what `_RESUMED_HEAD` says
+            self._restful = parser.should_keep_alive() and parser.get_http_version() == "1.1"
 
     def on_message_complete(self) -> None:
         if self._informational:
@@ -198,6 +215,37 @@ class H1Connection(H1Core, asyncio.Protocol):
             assert self._parser is not None
             self.complete = True
             self.keep_alive = self._parser.should_keep_alive()
+
+    # --- the parser at rest (see the module docstring) ---------------------------------
+
+    def _parse(self) -> httptools.HttpResponseParser:
+        """A response parser calling this connection's callbacks; its body callback appends
+        to `chunks`, called from C, and is held only while a parser is."""
+        self.on_body = self.chunks.append
+        return httptools.HttpResponseParser(self)
+
+    def _rest(self) -> None:
+        """Let the parser go: it stands between chunks of a body that is not over."""
+        if not self.complete:
+            self._parser = self  # type: ignore[assignment]  # stands in: `feed_data`
+            self.on_body = None
+
+    def feed_data(self, data: bytes) -> None:
+        """A read while the parser rests that is not whole chunks (a chunk cut across reads,
+        the last chunk, trailers, an extension): a parser again, its state as the last one's
+        (between chunks of a chunked body, kept alive), fed the read; let go again if it
+        stands between chunks after it."""
+        parser = self._parse()
+        # Its head's callbacks are not news: its header goes to a list of its own, uncounted,
+        # and `on_headers_complete` sees the stand-in and returns.
+        headers, head_bytes = self.headers, self._head_bytes
+        self.headers, self._head_bytes = [], 0
+        parser.feed_data(_RESUMED_HEAD)
+        self.headers, self._head_bytes = headers, head_bytes
+        self._parser = parser
+        parser.feed_data(data)
+        if self.chunk_end and data.endswith(b"\r\n"):
+            self._rest()
 
     # --- used by the exchange -----------------------------------------------------------
 

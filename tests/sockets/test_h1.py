@@ -498,3 +498,22 @@ async def test_a_read_with_no_body_byte_keeps_the_consumer_waiting() -> None:
         async with asyncio.timeout(2):
             assert await pending == b"hello"
             assert [chunk async for chunk in response.body] == []
+
+
+async def _nodelay_of_a_pooled_connection() -> int:
+    raw = answering(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    async with raw.running(), pool_for(raw) as pool:
+        conn = await pool.connect()
+        try:
+            sock = conn.transport.get_extra_info("socket") if conn.transport else None
+            assert sock is not None
+            return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        finally:
+            conn.abort()
+
+
+def test_upstream_connections_send_small_writes_at_once() -> None:
+    """An upstream TCP connection has Nagle's algorithm off (TCP_NODELAY), on asyncio's loop
+    and on uvloop: a small request write is not held back waiting for an ACK."""
+    assert asyncio.run(_nodelay_of_a_pooled_connection()) != 0
+    assert uvloop.run(_nodelay_of_a_pooled_connection()) != 0

@@ -53,7 +53,7 @@ class BodyLimits(HeadLimits):
     # The protocol's fields and method this class reads.
     cycle: RequestCycle | None  # the request being read
     parser: httptools.HttpRequestParser | None
-    pipeline: list[tuple[RequestCycle, Any]]
+    pipeline: list[tuple[RequestCycle, Any]] | None
     flow: Flow
     _read_whole: bool
     # The class's body deadlines (one per listener class and loop), made at the first body

@@ -6,8 +6,7 @@ control an event) and by uvicorn's response rules (`sidecar.servers.response_hea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from middleware.types import ASGIApp, Message, Receive, Scope, Send
 from sidecar.servers.http1.events import Flow, LazyEvent
@@ -19,6 +18,24 @@ _TEXT = (b"content-type", b"text/plain; charset=utf-8")
 _CLOSE = (b"connection", b"close")
 _500 = [_TEXT, (b"content-length", b"21"), _CLOSE]  # uvicorn's answers, header for header
 _503 = [_TEXT, (b"content-length", b"19"), _CLOSE]
+
+
+class Connection(Protocol):
+    """What a request tells its connection (`turns.Turns`, which imports this module)."""
+
+    def on_response_complete(self) -> None: ...
+
+
+class _LetGo:
+    """A finished request's connection: told nothing, and not held (see `run_asgi`)."""
+
+    __slots__ = ()
+
+    def on_response_complete(self) -> None:
+        pass
+
+
+_LET_GO = _LetGo()
 
 
 async def service_unavailable(scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,6 +68,7 @@ class RequestCycle:
         "access_log",
         "body",
         "chunked_encoding",
+        "connection",
         "default_headers",
         "disconnected",
         "expected_content_length",
@@ -60,7 +78,6 @@ class RequestCycle:
         "loop",
         "message_event",
         "more_body",
-        "on_response",
         "response_complete",
         "response_started",
         "scope",
@@ -77,7 +94,7 @@ class RequestCycle:
         transport: asyncio.Transport,
         flow: Flow,
         loop: asyncio.AbstractEventLoop,
-        on_response: Callable[[], None],
+        connection: Connection,
         default_headers: list[tuple[bytes, bytes]],
         access_log: bool,
         expect_100_continue: bool,
@@ -87,7 +104,7 @@ class RequestCycle:
         self.transport = transport
         self.flow = flow
         self.loop = loop
-        self.on_response = on_response
+        self.connection = connection  # told when the response completes
         self.default_headers = default_headers
         self.access_log = access_log
         # Nothing waits on the event yet: the request's task has not run.
@@ -95,7 +112,7 @@ class RequestCycle:
         self.disconnected = False
         self.keep_alive = keep_alive
         self.waiting_for_100_continue = expect_100_continue
-        self.body = bytearray()
+        self.body: bytearray | bytes = bytearray()
         self.more_body = True
         self.response_started = False
         self.response_complete = False
@@ -127,7 +144,7 @@ class RequestCycle:
                 self.logger.error("ASGI callable returned without completing response.")
                 self._close()
         finally:
-            self.on_response = _nothing
+            self.connection = _LET_GO
             withdraw(self.scope)  # what the app left in the request's extension (`nowait`)
 
     async def send_500_response(self) -> None:
@@ -179,7 +196,7 @@ class RequestCycle:
                 self.message_event.set()
                 if not self.keep_alive:
                     self.transport.close()
-                self.on_response()
+                self.connection.on_response_complete()
         else:
             raise RuntimeError(
                 f"Unexpected ASGI message '{message['type']}' sent, after response already completed."
@@ -237,12 +254,10 @@ class RequestCycle:
         if self.disconnected or self.response_complete:
             return {"type": "http.disconnect"}
         message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
-        self.body = bytearray()
+        # Once the body is in whole, no byte comes for it any more: an open stream holds no
+        # buffer of its own (`b""` is shared).
+        self.body = bytearray() if self.more_body else b""
         return message
-
-
-def _nothing() -> None:
-    """A finished request's `on_response`: the connection's callback is let go."""
 
 
 def _client(scope: Scope) -> str:

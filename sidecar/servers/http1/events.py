@@ -66,10 +66,12 @@ class Flow:
         self._transport = transport
         self.read_paused = False
         self.write_paused = False
-        self._writable = LazyEvent(True)
+        # What `drain()` waits on, made at the first pause: most connections never pause.
+        self._writable: LazyEvent | None = None
 
     async def drain(self) -> None:
-        await self._writable.wait()
+        if self._writable is not None:
+            await self._writable.wait()
 
     def pause_reading(self) -> None:
         if not self.read_paused:
@@ -84,9 +86,13 @@ class Flow:
     def pause_writing(self) -> None:
         if not self.write_paused:
             self.write_paused = True
-            self._writable.clear()
+            if self._writable is None:
+                self._writable = LazyEvent()
+            else:
+                self._writable.clear()
 
     def resume_writing(self) -> None:
         if self.write_paused:
             self.write_paused = False
-            self._writable.set()
+            if self._writable is not None:
+                self._writable.set()

@@ -39,7 +39,7 @@ class NowaitOffer:
     __slots__ = ()
 
     cycle: Answering | None
-    pipeline: list[tuple[Any, Any]]  # (cycle, app) of each request waiting its turn
+    pipeline: list[tuple[Any, Any]] | None  # (cycle, app) of each request waiting its turn
     transport: asyncio.Transport
     # The request whose extension takes an `on_disconnect` listener: the first one not
     # complete (a request pipelined behind it gets none, and its guard reads receive()).
@@ -69,9 +69,9 @@ class NowaitOffer:
         """The connection is lost: it lets go of its requests, whose extensions hold it
         (`abort`). A request pipelined and never started has its extension emptied here, as
         `withdraw` empties the others' once their app returns."""
-        for queued, _ in self.pipeline:
+        for queued, _ in self.pipeline or ():
             withdraw(queued.scope)
-        self.pipeline.clear()
+        self.pipeline = None  # type: ignore[misc]  # a slot of the protocol's
         self._told_cycle = self._told_offer = None  # type: ignore[misc]
 
     def _drop(self) -> None:
@@ -79,7 +79,7 @@ class NowaitOffer:
         with its response incomplete as an error unless the client is gone: every request
         of the connection is marked gone (the one asking, and any pipelined behind it)."""
         cycle: Answering | None
-        for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline)):
+        for cycle in (self._told_cycle, self.cycle, *(queued for queued, _ in self.pipeline or ())):
             if cycle is not None:
                 cycle.disconnected = True
         self.transport.close()

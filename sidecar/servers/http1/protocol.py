@@ -6,11 +6,13 @@ with the request-head and body limits and the `send_nowait` offer in line.
 
 Memory per open connection, which thousands of idle streams multiply: every field is a slot
 (no instance dict); what a server passes each connection is one shared object (`Served`);
-the request pipeline (a queue only HTTP pipelining fills) is a list, not a deque with its
-block of 64 slots; the events made per connection and per request, of which most are never
-waited on, make their waiter list at the first wait (`events`); and the request parser
-(with the protocol's callbacks it holds) is dropped once a request has been read whole, and
-made again when the client sends more: a stream's client seldom does.
+the request pipeline (a queue only HTTP pipelining fills) is a list made when a request
+first waits in it, not a deque with its block of 64 slots; a request holds the connection
+itself, not a bound method of it (`cycle.RequestCycle.connection`); the events made per
+connection and per request, of which most are never waited on, make their waiter list at the
+first wait (`events`); and the request parser (with the protocol's callbacks it holds) is
+dropped once a request has been read whole, and made again when the client sends more: a
+stream's client seldom does.
 
 A closed connection's objects go when their last reference does, not at the cyclic
 collector's next full pass (which a busy sidecar may not reach for a long time): a lost
@@ -95,7 +97,7 @@ class Http1Protocol(BodyLimits, Turns, Upgrades, NowaitOffer, asyncio.Protocol):
         self.server: tuple[str, int | None] | None = None
         self.client: tuple[str, int] | None = None
         self.scheme = "http"
-        self.pipeline: list[tuple[RequestCycle, ASGIApp]] = []
+        self.pipeline: list[tuple[RequestCycle, ASGIApp]] | None = None  # made when one waits
         self.scope: dict[str, Any] = None  # type: ignore[assignment]
         self.headers: list[tuple[bytes, bytes]] = None  # type: ignore[assignment]
         self.url = b""
@@ -242,7 +244,7 @@ class Http1Protocol(BodyLimits, Turns, Upgrades, NowaitOffer, asyncio.Protocol):
             self.transport,
             self.flow,
             self.loop,
-            self.on_response_complete,
+            self,
             served.state.default_headers,
             self.access_log,
             self.expect_100_continue,
@@ -255,6 +257,8 @@ class Http1Protocol(BodyLimits, Turns, Upgrades, NowaitOffer, asyncio.Protocol):
             self._run(cycle, app)
         else:  # pipelined: queued until the one before it is answered
             self.flow.pause_reading()
+            if self.pipeline is None:
+                self.pipeline = []
             self.pipeline.append((cycle, app))
 
     def on_message_complete(self) -> None:

@@ -26,18 +26,20 @@ class Turns:
     transport: asyncio.Transport
     flow: Flow
     cycle: RequestCycle | None
-    pipeline: list[tuple[RequestCycle, ASGIApp]]  # requests read, waiting their turn
+    pipeline: list[tuple[RequestCycle, ASGIApp]] | None  # requests read, waiting their turn
     _keep_alive: asyncio.TimerHandle | None  # set between requests
 
     def _run(self, cycle: RequestCycle, app: ASGIApp) -> None:
         """The request's app, as a task of the server's (`Server.shutdown` waits for them)."""
-        tasks = self.served.tasks
-        if self.served.reset_contextvars:  # uvicorn's opt-in: no context from the lifespan
-            task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
-        else:
-            task = self.loop.create_task(cycle.run_asgi(app))
-        task.add_done_callback(tasks.discard)
-        tasks.add(task)
+        served = self.served
+        # One context for the task and its done callback (left to itself, the callback would
+        # take a copy of its own, which the task holds while it runs). uvicorn's opt-in
+        # `reset_contextvars`: no context from the lifespan.
+        fresh = served.reset_contextvars
+        context = contextvars.Context() if fresh else contextvars.copy_context()
+        task = self.loop.create_task(cycle.run_asgi(app), context=context)
+        task.add_done_callback(served.forget, context=context)
+        served.tasks.add(task)
 
     def on_response_complete(self) -> None:
         self.served.state.total_requests += 1
