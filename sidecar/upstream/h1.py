@@ -12,21 +12,18 @@ chunk list sits here per connection; request writes wait on `pause_writing`.
 Deliberate surprises:
 - One parser per exchange: llhttp cannot be told that a response answers HEAD, so a HEAD
   response is complete at its headers and its parser is dropped with whatever state it had.
-- A chunked body's parser is let go while it stands between chunks (`_rest`): the usual read
-  (whole chunks: a token) is taken without it (`h1core`), and thousands of open streams
-  would each hold one (its llhttp state and a bound method per callback, about 0.9 KB). The
-  connection stands in for it meanwhile (`feed_data`): a read that needs a parser gets a new
-  one, made to stand where the last one stood by a head that says what the real one said.
+- A chunked body's parser is let go while it stands between chunks, and the connection stands
+  in for it (`h1rest.ParserRest`): an open stream holds no parser between its tokens.
+- No TCP_NODELAY set here (no token held back for the last one's ACK): uvloop's and asyncio's
+  TCP transports set it, and asking for the socket would keep a socket object with every
+  connection (uvloop keeps the one it made for the question).
 - Errors are already `middleware.errors` classes: there is no foreign hierarchy to map.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import cast
-
-import httptools
 
 from middleware.errors import UpstreamProtocolError
 from middleware.types import SendNowait
@@ -35,19 +32,17 @@ from sidecar.servers.uvloop_internals import quiet_reads
 from sidecar.speedups import H1Core
 from sidecar.upstream.framing import request_line_problem
 from sidecar.upstream.h1core import MAX_HEAD_BYTES
+from sidecar.upstream.h1rest import ParserRest
 from sidecar.upstream.types import Headers
 
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
-# What a resting parser's successor is fed first (`feed_data`): a chunked HTTP/1.1 response
-# kept alive, as was the one at rest (`_restful`), with its body just begun.
-_RESUMED_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing with this message."""
 
 
-class H1Connection(H1Core, asyncio.Protocol):
+class H1Connection(H1Core, ParserRest, asyncio.Protocol):
     """A connection's protocol, and the state of the exchange running on it (if any); its
     per-read `data_received` is `H1Core`'s (`h1core.py`, or compiled: `sidecar.speedups`)."""
 
@@ -82,7 +77,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         self.lost = False  # connection_lost ran: no event will come any more
         self.idle_since = 0.0
         self.chunks = []
-        self.on_body: Callable[[bytes], object] | None = None  # the parser's (`_parse`)
+        self.on_body = None  # the parser's body callback (`ParserRest._parse`)
         self.waiter: asyncio.Future[None] | None = None  # head and state changes
         self.reader: asyncio.Future[bytes] | None = None  # the body's next chunk
         self.sink = None
@@ -118,9 +113,6 @@ class H1Connection(H1Core, asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # TCP_NODELAY (no token held back for the last one's ACK) is the transport's own:
-        # uvloop's and asyncio's TCP transports set it. Asked for here, the socket object
-        # would stay with every connection (uvloop keeps the one it made for the question).
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def _feed_failed(self, exc: Exception) -> None:
@@ -195,8 +187,7 @@ class H1Connection(H1Core, asyncio.Protocol):
             return
         self.status = status
         self.head_done = True
-        # Content-Length or Transfer-Encoding among the names: told here, once, rather than
-        # looked for in each `on_header`.
+        # Content-Length or Transfer-Encoding: told here, once, not in each `on_header`.
         names = lower_names(self.headers)
         self._framed = not _FRAMING.isdisjoint(names)
         # A chunked body begins right after the head: the parser stands between chunks.
@@ -204,7 +195,7 @@ class H1Connection(H1Core, asyncio.Protocol):
         if self._head_request:
             self.complete = True
             self.keep_alive = parser.should_keep_alive()
-        elif self.chunk_end:  # HTTP/1.1 kept alive: what `_RESUMED_HEAD` says
+        elif self.chunk_end:  # HTTP/1.1 kept alive: what `h1rest.RESUMED_HEAD` says
             self._restful = parser.should_keep_alive() and parser.get_http_version() == "1.1"
 
     def on_message_complete(self) -> None:
@@ -215,37 +206,6 @@ class H1Connection(H1Core, asyncio.Protocol):
             assert self._parser is not None
             self.complete = True
             self.keep_alive = self._parser.should_keep_alive()
-
-    # --- the parser at rest (see the module docstring) ---------------------------------
-
-    def _parse(self) -> httptools.HttpResponseParser:
-        """A response parser calling this connection's callbacks; its body callback appends
-        to `chunks`, called from C, and is held only while a parser is."""
-        self.on_body = self.chunks.append
-        return httptools.HttpResponseParser(self)
-
-    def _rest(self) -> None:
-        """Let the parser go: it stands between chunks of a body that is not over."""
-        if not self.complete:
-            self._parser = self  # type: ignore[assignment]  # stands in: `feed_data`
-            self.on_body = None
-
-    def feed_data(self, data: bytes) -> None:
-        """A read while the parser rests that is not whole chunks (a chunk cut across reads,
-        the last chunk, trailers, an extension): a parser again, its state as the last one's
-        (between chunks of a chunked body, kept alive), fed the read; let go again if it
-        stands between chunks after it."""
-        parser = self._parse()
-        # Its head's callbacks are not news: its header goes to a list of its own, uncounted,
-        # and `on_headers_complete` sees the stand-in and returns.
-        headers, head_bytes = self.headers, self._head_bytes
-        self.headers, self._head_bytes = [], 0
-        parser.feed_data(_RESUMED_HEAD)
-        self.headers, self._head_bytes = headers, head_bytes
-        self._parser = parser
-        parser.feed_data(data)
-        if self.chunk_end and data.endswith(b"\r\n"):
-            self._rest()
 
     # --- used by the exchange -----------------------------------------------------------
 
