@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+import middleware
+import sidecar
+
+# Where the packages the tests import are (the tree, or an installed wheel's site-packages):
+# the subprocess below imports the same ones.
+HOME = Path(middleware.__path__[0]).parent
 # `python -m sidecar --version` with one compiled module made unimportable, as where its
 # build failed: a finder ahead of the others refuses it.
 HIDING = """
@@ -29,14 +34,16 @@ raise SystemExit(main(["--version"]))
 
 
 def built_modules() -> set[str]:
-    """The compiled modules this tree's build made, by their files."""
+    """The compiled modules the build made, by their files where the packages are imported
+    from (the tree, or an installed wheel's site-packages)."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     found = set()
-    for package in ("middleware", "sidecar"):
-        for path in (ROOT / package).rglob("*"):
+    for package in (middleware, sidecar):
+        home = Path(package.__path__[0])
+        for path in home.rglob("*"):
             if path.name.endswith(suffixes):
                 stem = path.name.split(".", 1)[0]
-                found.add(".".join((*path.parent.relative_to(ROOT).parts, stem)))
+                found.add(".".join((*path.parent.relative_to(home.parent).parts, stem)))
     return found
 
 
@@ -44,7 +51,7 @@ def version_with(hidden: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "SIDESTREAM_NO_EXTENSIONS"}
     code = HIDING.format(name=hidden)
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], cwd=HOME, env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
