@@ -22,7 +22,7 @@ from tests.support.servers import serve
 from tests.support.sseparse import parse
 from tests.system.test_resume_sentinel import assert_whole, events_until, resumed
 
-TOKENS, ITL_MS = 300, 25  # 7.5 s a stream: it outlasts a slot's move and a node's restart
+TOKENS, ITL_MS = 600, 25  # 15 s a stream: it outlasts a slot's move and a node's restart, on a slow run too
 STREAMS = 9  # all on one of three nodes: one chance in 3**8
 
 
