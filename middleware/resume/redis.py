@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ClusterError, TryAgainError
+from redis.exceptions import AskError, ClusterError, MovedError, TryAgainError
 
 from middleware.resume.ids import same_credentials
 from middleware.resume.redis_connect import CLUSTER, ERRORS, connect, shown
@@ -59,7 +59,7 @@ LOG_EVERY = 60.0  # seconds between two log lines while the store keeps failing
 
 
 # Errors after which Redis may lack writes it once took: `_repair` restores them.
-_LOSING = (aioredis.ReadOnlyError, ClusterError, TryAgainError)
+_LOSING = (aioredis.ReadOnlyError, ClusterError, TryAgainError, AskError, MovedError)
 
 
 class RedisLog:

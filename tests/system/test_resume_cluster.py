@@ -22,7 +22,7 @@ from tests.support.servers import serve
 from tests.support.sseparse import parse
 from tests.system.test_resume_sentinel import assert_whole, events_until, resumed
 
-TOKENS, ITL_MS = 600, 25  # 15 s a stream: it outlasts a slot's move and a node's restart, on a slow run too
+TOKENS, ITL_MS = 1200, 25  # 30 s a stream: it outlasts a slot's move and a node's restart, and a write the store retries after one
 STREAMS = 9  # all on one of three nodes: one chance in 3**8
 
 
@@ -95,7 +95,7 @@ async def test_streams_spread_over_the_nodes_and_resume_through_a_slot_moved_mid
                 async def grew() -> bool:
                     return int(await on_node(to, "XLEN", moved)) > start
 
-                await until(grew, 10, "the producer's writes following ASK")
+                await until(grew, 25, "the producer's writes following ASK")
 
             await group.move_slot(moved, to, asked)
             assert await group.owner(moved) == to
