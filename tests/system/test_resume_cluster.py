@@ -22,7 +22,7 @@ from tests.support.servers import serve
 from tests.support.sseparse import parse
 from tests.system.test_resume_sentinel import assert_whole, events_until, resumed
 
-TOKENS, ITL_MS = 1200, 25  # 30 s a stream: it outlasts a slot's move and a node's restart, and a write the store retries after one
+TOKENS, ITL_MS = 1200, 25  # 30 s a stream: it outlasts a slot's move, a restart, a repair
 STREAMS = 9  # all on one of three nodes: one chance in 3**8
 
 
