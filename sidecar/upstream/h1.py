@@ -121,7 +121,7 @@ class H1Connection(H1Core, ParserRest, asyncio.Protocol):
 
     def _after_feed(self) -> None:
         """A read is parsed and its body bytes (if any) were not all taken by the sink."""
-        if self.at_boundary and self._restful and cast(object, self._parser) is not self:
+        if self.at_boundary and self._restful:  # its parser rests (`h1rest`; again: no-op)
             self._rest()
         reader = self.reader
         if reader is not None:
@@ -176,7 +176,7 @@ class H1Connection(H1Core, ParserRest, asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
-        if cast(object, parser) is self:  # `feed_data` making a parser again: its head is not news
+        if parser is self:  # type: ignore[comparison-overlap]  # `feed_data`'s new parser: not news
             return
         assert parser is not None
         status = parser.get_status_code()

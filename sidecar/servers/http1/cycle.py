@@ -26,18 +26,6 @@ class Connection(Protocol):
     def on_response_complete(self) -> None: ...
 
 
-class _LetGo:
-    """A finished request's connection: told nothing, and not held (see `run_asgi`)."""
-
-    __slots__ = ()
-
-    def on_response_complete(self) -> None:
-        pass
-
-
-_LET_GO = _LetGo()
-
-
 async def service_unavailable(scope: Scope, receive: Receive, send: Send) -> None:
     """The app for a request past uvicorn's `limit_concurrency`: 503, as uvicorn answers."""
     await send({"type": "http.response.start", "status": 503, "headers": _503})
@@ -104,7 +92,8 @@ class RequestCycle:
         self.transport = transport
         self.flow = flow
         self.loop = loop
-        self.connection = connection  # told when the response completes
+        # Told when the response completes; let go (None) once the app has returned.
+        self.connection: Connection | None = connection
         self.default_headers = default_headers
         self.access_log = access_log
         # Nothing waits on the event yet: the request's task has not run.
@@ -144,7 +133,7 @@ class RequestCycle:
                 self.logger.error("ASGI callable returned without completing response.")
                 self._close()
         finally:
-            self.connection = _LET_GO
+            self.connection = None
             withdraw(self.scope)  # what the app left in the request's extension (`nowait`)
 
     async def send_500_response(self) -> None:
@@ -196,7 +185,8 @@ class RequestCycle:
                 self.message_event.set()
                 if not self.keep_alive:
                     self.transport.close()
-                self.connection.on_response_complete()
+                if self.connection is not None:
+                    self.connection.on_response_complete()
         else:
             raise RuntimeError(
                 f"Unexpected ASGI message '{message['type']}' sent, after response already completed."
