@@ -278,7 +278,7 @@ def response_head(
                 if value.lower() == b"chunked":
                     length = 0
                     chunked = True
-            elif b"close" in [token.strip() for token in value.lower().split(b",")]:
+            elif b"close" in listed(value):
                 close = True
         content.extend((key, b": ", value, b"\r\n"))
     if not _clean(b"".join(content[1::4]), b"".join(content[3::4])):

@@ -27,6 +27,7 @@ from sidecar.head_rules import (
     VERSIONS,
     RequestRules,
     clean,
+    listed,
 )
 from sidecar.head_rules import declared_length as declared_length  # `upstream.framing`'s
 from sidecar.speedups import heads
@@ -64,10 +65,7 @@ def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
     tokens: set[bytes] = set()
     for name, value in headers:
         if name.lower() == b"connection":
-            for token in value.split(b","):
-                token = token.strip().lower()
-                if token:
-                    tokens.add(token)
+            tokens |= listed(value)
     return frozenset(tokens)
 
 

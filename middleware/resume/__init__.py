@@ -143,7 +143,7 @@ class Resume:
         producer = Producer(cycle, stream_id, log, self.limits.grace, self.live)
         self.live[stream_id] = producer
         cycle.resumable = producer
-        if cycle.edit is not None:  # `relay.then`, run by the stamper
+        if cycle.edit is not None:  # forced usage's hiding: run by the stamper, first
             producer.stamper.after(cycle.edit)
         cycle.edit = producer.stamper
         cycle.slice_bytes = SLICE_BYTES

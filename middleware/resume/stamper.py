@@ -116,7 +116,7 @@ class Stamper:
         return self.boundary
 
     def after(self, edit: Edit) -> None:
-        """Run `edit` on each chunk first (`relay.then`, in one call)."""
+        """Run `edit` on each chunk first, and undo it with the stamp's undo."""
         self.before, self.first = edit, edit.__call__
 
     def __call__(self, body: bytes) -> bytes:

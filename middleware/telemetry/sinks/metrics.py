@@ -11,7 +11,6 @@ export reads.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from middleware.errors import Outcome
@@ -89,7 +88,8 @@ class MetricsSink:
     def _genai(self, summary: Summary) -> None:
         """A GenAI operation's: its duration, its tokens, and a stream's chunk times."""
         attributes = summary.series
-        bound = self._bound.get(tuple(attributes.items())) or self._bind(attributes)
+        items = tuple(attributes.items())
+        bound = self._bound.get(items) or self._bind(items)
         error_type = summary.error_type
         if error_type is not None:
             by_error = series({**attributes, semconv.ERROR_TYPE: error_type})
@@ -106,14 +106,13 @@ class MetricsSink:
         if output_tokens is not None:
             self.token_usage.record_in(bound.output, output_tokens)
 
-    def _bind(self, attributes: Mapping[str, str | int]) -> _Bound:
+    def _bind(self, items: tuple[tuple[str, str | int], ...]) -> _Bound:
         """Resolve the series of a new attribute set. The model is the client's to name, so
         the sets are not bounded: past `BOUND_MOST` the resolved ones are dropped (and are
         resolved again as they recur), as the instruments' series stay."""
-        bound = self._bound
-        if len(bound) >= BOUND_MOST:
-            bound.clear()
-        made = bound[tuple(attributes.items())] = _Bound(self, series(attributes))
+        if len(self._bound) >= BOUND_MOST:
+            self._bound.clear()
+        made = self._bound[items] = _Bound(self, series(dict(items)))
         return made
 
     def _stream(self, summary: Summary) -> None:
