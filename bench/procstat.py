@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Self
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -92,29 +93,43 @@ class Peak:
     fds: int = 0
 
 
-class Sampler:
-    """Samples RSS and fds of a tree every `interval` seconds on a thread; keeps the maxima."""
+class Periodic:
+    """`sample()` every `interval` seconds on a thread, from the `with` block's start to its
+    end (once more at the end's wait)."""
 
-    def __init__(self, pids: list[int], interval: float = 0.25) -> None:
-        self.pids = pids
+    def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.peak = Peak()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def sample(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while True:
-            rss, hwm = memory_kb(self.pids)
-            fds = fd_count(self.pids)
-            p = self.peak
-            p.rss_kb, p.hwm_kb, p.fds = max(p.rss_kb, rss), max(p.hwm_kb, hwm), max(p.fds, fds)
+            self.sample()
             if self._stop.wait(self.interval):
                 return
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class Sampler(Periodic):
+    """Samples RSS and fds of a tree every `interval` seconds on a thread; keeps the maxima."""
+
+    def __init__(self, pids: list[int], interval: float = 0.25) -> None:
+        super().__init__(interval)
+        self.pids = pids
+        self.peak = Peak()
+
+    def sample(self) -> None:
+        rss, hwm = memory_kb(self.pids)
+        fds = fd_count(self.pids)
+        p = self.peak
+        p.rss_kb, p.hwm_kb, p.fds = max(p.rss_kb, rss), max(p.hwm_kb, hwm), max(p.fds, fds)

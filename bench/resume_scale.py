@@ -29,22 +29,20 @@ import argparse
 import json
 import math
 import resource
-import secrets
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from bench.procstat import cpu_seconds, tree
+from bench.procstat import Periodic, cpu_seconds, tree
 from bench.run import machine
 from bench.scenarios import loadgen, pct
-from bench.targets import LOAD_CORES, PROXY_CORES, PY, ROOT, Session, free_port, wait_port, warm_up
+from bench.targets import LOAD_CORES, PY, ROOT, Session, free_port, wait_port, warm_up
 from middleware.resume.redis_keys import PREFIX, REPLICA
 
 OWN = {"hello", "info", "memory|usage", "scan", "xlen", "ping", "config|get", "dbsize"}
@@ -60,32 +58,26 @@ class Rig:
         self.sidecars: list[int] = []  # their pids
 
     def start(self) -> None:
-        s, workdir = self.session, self.session.workdir
-        port = free_port()
-        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
-        self.redis_proc = s.spawn("redis", [*argv, "--save", "", "--appendonly", "no"], LOAD_CORES)
-        wait_port(port, self.redis_proc)
-        self.redis = redis.Redis(port=port)
-        secret = workdir / "resume-secret"
-        secret.write_text(secrets.token_urlsafe(32))
+        """The store as `sidestream+redis` has it, then each emulator and its sidecar, as a
+        bench target's (`Session.start_sidestream`), telemetry off."""
+        s = self.session
+        store = s.redis_store()
+        assert s.store is not None
+        self.redis_proc = s.store
+        self.redis = redis.Redis.from_url(store[1])
         for i in range(2):
-            upstream = free_port()
+            s.upstream_port = free_port()
             emulator = s.spawn(
                 f"emulator{i}",
-                [PY, "-m", "sidecar.emulator", "--listen", f"127.0.0.1:{upstream}"],
+                [PY, "-m", "sidecar.emulator", "--listen", f"127.0.0.1:{s.upstream_port}"],
                 LOAD_CORES,
             )
-            wait_port(upstream, emulator)
-            listen = free_port()
-            argv = [PY, "-m", "sidecar", "--listen", f"127.0.0.1:{listen}"]
-            argv += ["--upstream", f"http://127.0.0.1:{upstream}"]
-            argv += ["--admin-listen", f"127.0.0.1:{free_port()}", "--drain-timeout", "1"]
-            argv += ["--resume", "--resume-store", f"redis://127.0.0.1:{port}/0"]
-            argv += ["--resume-secret-file", str(secret)]
-            sidecar = s.spawn(f"sidecar{i}", argv, PROXY_CORES, {"OTEL_SDK_DISABLED": "true"})
-            wait_port(listen, sidecar)
-            warm_up(listen)
-            self.ports.append(listen)
+            wait_port(s.upstream_port, emulator)
+            s.port = free_port()
+            sidecar = s.start_sidestream(flags=("--resume", *store))
+            wait_port(s.port, sidecar)
+            warm_up(s.port)
+            self.ports.append(s.port)
             self.sidecars.append(sidecar.pid)
 
     def sidecar_cpu(self) -> float:
@@ -102,28 +94,16 @@ def calls(r: redis.Redis) -> dict[str, int]:
     return {k: v for k, v in out.items() if k not in OWN}
 
 
-class MemoryPeak:
+class MemoryPeak(Periodic):
     """`used_memory`'s highest value, sampled on a thread while a step runs."""
 
     def __init__(self, port: int) -> None:
-        self.r = redis.Redis(port=port)
+        super().__init__(0.1)
+        self.r = redis.Redis(port=port)  # its own client: the thread's
         self.peak = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while True:
-            self.peak = max(self.peak, int(self.r.info("memory")["used_memory"]))
-            if self.stop.wait(0.1):
-                return
-
-    def __enter__(self) -> MemoryPeak:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
+    def sample(self) -> None:
+        self.peak = max(self.peak, int(self.r.info("memory")["used_memory"]))
 
 
 def stream_keys(r: redis.Redis) -> set[str]:

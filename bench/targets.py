@@ -54,6 +54,7 @@ VARIANTS = {
     "resume": "--resume (memory store)",
     "redis": "--resume on a redis-server of its own",
 }
+EXCLUSIVE = ({"resume", "redis"}, {"pass", "continuous"})  # variants that name one setting twice
 # The targets a `--targets` lists in its help (any `+` combination of VARIANTS is one too).
 TARGETS = (
     "direct",
@@ -78,11 +79,10 @@ def variant(target: str) -> tuple[str, frozenset[str]] | None:
     base, *changes = target.split("+")
     if base not in ("sidestream", "alt") or len(set(changes)) != len(changes):
         return None
-    if not set(changes) <= VARIANTS.keys() or {"resume", "redis"} <= set(changes):
+    found = frozenset(changes)
+    if not found <= VARIANTS.keys() or any(pair <= found for pair in EXCLUSIVE):
         return None
-    if {"pass", "continuous"} <= set(changes):
-        return None
-    return base, frozenset(changes)
+    return base, found
 
 
 def telemetry_on(target: str) -> bool:
@@ -258,7 +258,7 @@ class Session:
                     flush=True,
                 )
 
-    def _start_sidestream(
+    def start_sidestream(
         self,
         otel: bool = False,
         cwd: Path = ROOT,
@@ -296,7 +296,7 @@ class Session:
         """sidestream as shipped from this tree or the alt one, with `changes` (`VARIANTS`)."""
         flags: tuple[str, ...] = ("--resume",) if "resume" in changes else ()
         if "redis" in changes:
-            flags = ("--resume", *self._redis_store())
+            flags = ("--resume", *self.redis_store())
         usage = next((mode for mode in ("pass", "continuous") if mode in changes), None)
         otel = "no-otel" not in changes
         if otel:
@@ -304,11 +304,11 @@ class Session:
         alt = base == "alt"
         # `BENCH_ALT_SINKS`: the alt's telemetry sinks (one sink's share), all when unset.
         sinks = os.environ.get("BENCH_ALT_SINKS") if alt and otel else None
-        return self._start_sidestream(
+        return self.start_sidestream(
             otel=otel, cwd=alt_root() if alt else ROOT, sinks=sinks, usage=usage, flags=flags
         )
 
-    def _redis_store(self) -> tuple[str, ...]:
+    def redis_store(self) -> tuple[str, ...]:
         """A redis-server of the session's own (its CPU counted apart: `store`), and the flags
         that make it sidestream's resume store."""
         port = free_port()
