@@ -14,7 +14,8 @@ a restart, or a Sentinel failover that lost the writes not yet replicated.
 
 On a Redis Cluster (`redis+cluster://`) the same, with each stream's keys under one hash tag
 (`redis_keys.Keys`) and a run of appends split into one script call per slot (`SlotAppends`):
-the cluster pipeline sends each command to its slot's node, and redis-py follows MOVED and ASK.
+the cluster pipeline sends each command to its slot's node; MOVED and ASK are followed
+(`redis_batch`: redis-py's own ASK following fails on a pooled connection).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import AskError, ClusterError, MovedError, TryAgainError
 
 from middleware.resume.ids import same_credentials
+from middleware.resume.redis_batch import Batches, Command
 from middleware.resume.redis_connect import CLUSTER, ERRORS, connect, shown
 from middleware.resume.redis_keys import PREFIX as PREFIX
 from middleware.resume.redis_keys import REFRESH_SECONDS, REPLICA, STOP, Keys
 from middleware.resume.redis_reader import BLOCK_MS, RedisReader
-from middleware.resume.redis_writes import Appends, SlotAppends, restore_all
+from middleware.resume.redis_writes import Appends, SlotAppends, checked, restore_all
 from middleware.resume.store import (
     Limits,
     ResumePointGone,
@@ -136,6 +138,7 @@ class RedisStore:
         self.client: Any = connect(url, password=password, ca=ca, **timeouts)  # redis_connect
         self.cluster = url.startswith(CLUSTER)
         self.keys = Keys(self.cluster)
+        self.batches = Batches(self.client, self.cluster)
         # Operations not written yet: a batch is taken from the head, `retract` from the tail.
         self.pending: deque[tuple[str, str, int, bytes]] = deque()
         self.pending_bytes = 0
@@ -198,7 +201,7 @@ class RedisStore:
                 batch = [take() for _ in range(min(BATCH_OPS, len(self.pending)))]
                 self.pending_bytes -= sum(len(item[3]) for item in batch)
                 ttl = int(self.limits.ttl * 1000)
-                pipe = self.client.pipeline(transaction=False)
+                commands: list[Command] = []
                 touched: set[str] = set()
                 now, refreshed, keys = loop.time(), self.refreshed, self.keys
                 adds = SlotAppends(self.client.keyslot) if self.cluster else Appends()
@@ -210,29 +213,25 @@ class RedisStore:
                             refreshed[key] = now
                             touched.add(key)
                         continue
-                    adds.write(pipe)  # before this stream's trim or end, in order
+                    adds.write(commands)  # before this stream's trim or end, in order
                     if op == "trim":
-                        pipe.xtrim(key, minid=f"{n}-0")
+                        commands.append(("XTRIM", key, "MINID", f"{n}-0"))
                     elif op == "open":
-                        pipe.set(f"{key}:m", data, px=ttl)
+                        commands.append(("SET", f"{key}:m", data, "PX", ttl))
                     else:
-                        pipe.xadd(key, {b"end": data}, id=f"{n}-1")
+                        commands.append(("XADD", key, f"{n}-1", b"end", data))
                         refreshed.pop(key, None)
                         touched.add(key)
-                adds.write(pipe)
+                adds.write(commands)
                 for key in touched:  # a live stream's keys last `ttl` past its last write
-                    pipe.pexpire(key, ttl)
-                    pipe.pexpire(f"{key}:m", ttl)
-                try:
-                    replies = await pipe.execute(raise_on_error=False)
-                except ERRORS as exc:
-                    self.failed(exc)
-                    continue
+                    commands.append(("PEXPIRE", key, ttl))
+                    commands.append(("PEXPIRE", f"{key}:m", ttl))
                 # A command Redis refused (a server without scripting, a key of another
                 # type): counted and logged like a lost connection, not passed over.
-                refused = next((r for r in replies if isinstance(r, Exception)), None)
-                if refused is not None:
-                    self.failed(refused)
+                try:
+                    checked(await self.batches.run(commands))
+                except ERRORS as exc:
+                    self.failed(exc)
                 else:
                     self.failing = False
         finally:
@@ -251,7 +250,7 @@ class RedisStore:
             for log in self.logs.values()
         ]
         try:
-            await restore_all(self.client, self.cluster, held, int(self.limits.ttl * 1000))
+            await restore_all(self.batches, held, int(self.limits.ttl * 1000))
         except ERRORS as exc:
             self.pending.clear()  # in the copies too, for the next try
             self.pending_bytes = 0
@@ -365,4 +364,5 @@ class RedisStore:
     async def aclose(self) -> None:
         for task in [*self.background, *([self.flushing] if self.flushing else [])]:
             task.cancel()
+        await self.batches.aclose()
         await self.client.aclose()

@@ -14,7 +14,7 @@ asked without them, redis-py's default (`sentinel_kwargs` carries only socket op
 
 `redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` names some nodes of a Redis Cluster
 (`cluster_url`); redis-py's `RedisCluster` learns the rest, and each slot's node, from them,
-and follows MOVED and ASK by itself. A cluster has one database: no path is read.
+and follows MOVED by itself (ASK: `redis_batch`). A cluster has one database: no path is read.
 """
 
 from __future__ import annotations

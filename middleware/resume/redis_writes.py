@@ -1,5 +1,6 @@
-"""What the Redis store writes in one pipelined request: a run of appends as one script call,
-and, after a failure, what a stream lacks in Redis, re-appended from the producer's copy.
+"""What the Redis store writes in one pipelined request (`redis_batch`): a run of appends as
+one script call, and, after a failure, what a stream lacks in Redis, re-appended from the
+producer's copy.
 
 Entry ids are event numbers (`<n>-1`), and Redis refuses an `XADD` whose id is not above the
 stream's last: an event written twice is refused, never stored twice. So re-appending what
@@ -11,6 +12,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from middleware.resume.redis_batch import Batches, Command
 
 # A stream as its producer holds it: its key, its meta, its first kept event's number, the
 # events it keeps, the last one's number, and its outcome once it ended.
@@ -48,11 +51,11 @@ class Appends:
         self.events.append(event)
         self.places.append(f"{number} {n} {len(event)}")
 
-    def write(self, pipe: Any) -> None:
-        """Queue the call on `pipe` (nothing when the run is empty) and start a new run."""
+    def write(self, commands: list[Command]) -> None:
+        """Add the call to `commands` (nothing when the run is empty) and start a new run."""
         if self.events:
             keys, events, places = self.keys, b"".join(self.events), " ".join(self.places)
-            pipe.execute_command("EVAL", _ADD_EACH, len(keys), *keys, events, places)
+            commands.append(("EVAL", _ADD_EACH, len(keys), *keys, events, places))
             self.keys, self.events, self.places = {}, [], []
 
 
@@ -74,9 +77,9 @@ class SlotAppends:
             run = self.runs[slot] = Appends()
         run.add(key, n, event)
 
-    def write(self, pipe: Any) -> None:
+    def write(self, commands: list[Command]) -> None:
         for run in self.runs.values():
-            run.write(pipe)
+            run.write(commands)
         self.runs.clear()
 
 
@@ -89,43 +92,45 @@ def stored_up_to(top: Sequence[Any]) -> int | None:
     return None if b"end" in fields else int(entry_id.split(b"-")[0])
 
 
-def restore(pipe: Any, key: str, stored: int, held: tuple[bytes, int, Sequence[bytes], int], ttl: int,
+def restore(commands: list[Command], key: str, stored: int, held: tuple[bytes, int, Sequence[bytes], int], ttl: int,
             outcome: bytes | None) -> None:  # fmt: skip
-    """Queue on `pipe` what `key` lacks: its meta, the events after `stored` that the
+    """Add to `commands` what `key` lacks: its meta, the events after `stored` that the
     producer still holds (`held`: meta, its first event's number, the events, the last one's
     number), the end if the stream ended, and the expiry."""
     meta, first, events, n = held
-    pipe.set(f"{key}:m", meta, px=ttl)
+    commands.append(("SET", f"{key}:m", meta, "PX", ttl))
     adds = Appends()
     start = max(stored + 1, first)
     for number, event in enumerate(itertools.islice(events, start - first, n - first + 1), start):
         adds.add(key, number, event)
-    adds.write(pipe)
+    adds.write(commands)
     if 0 < stored < first - 1:  # a hole the producer cannot fill: a reader gets 410, not it
-        pipe.xtrim(key, minid=f"{first}-0")
+        commands.append(("XTRIM", key, "MINID", f"{first}-0"))
     if outcome is not None:
-        pipe.xadd(key, {b"end": outcome}, id=f"{n + 1}-1")
-    pipe.pexpire(key, ttl)
-    pipe.pexpire(f"{key}:m", ttl)
+        commands.append(("XADD", key, f"{n + 1}-1", b"end", outcome))
+    commands.append(("PEXPIRE", key, ttl))
+    commands.append(("PEXPIRE", f"{key}:m", ttl))
 
 
-async def restore_all(client: Any, cluster: bool, held: Sequence[Held], ttl: int) -> None:
+async def restore_all(batches: Batches, held: Sequence[Held], ttl: int) -> None:
     """Two round trips: each held stream's last entry in Redis, then what it lacks after it
     (`restore`). Raises what redis-py raises, and the first command Redis refused."""
-    pipe = client.pipeline(transaction=False)
-    if cluster:  # no PING in a cluster pipeline: it has no key to route it by
-        await client.ping()
-    else:
-        pipe.ping()  # Redis is back: no stream too
-    for key, *_ in held:
-        pipe.xrevrange(key, "+", "-", count=1)
-    tops = (await pipe.execute())[0 if cluster else 1 :]
-    pipe = client.pipeline(transaction=False)
+    reads: list[Command] = [] if batches.cluster else [("PING",)]  # Redis is back: no stream too
+    reads += [("XREVRANGE", key, "+", "-", "COUNT", 1) for key, *_ in held]
+    if batches.cluster:  # no PING in a cluster pipeline: it has no key to route it by
+        await batches.client.ping()
+    tops = checked(await batches.run(reads))[len(reads) - len(held) :]
+    commands: list[Command] = []
     for (key, meta, first, events, n, outcome), top in zip(held, tops, strict=True):
         stored = stored_up_to(top)
         if stored is not None:
-            restore(pipe, key, stored, (meta, first, events, n), ttl, outcome)
-    replies = await pipe.execute(raise_on_error=False)
+            restore(commands, key, stored, (meta, first, events, n), ttl, outcome)
+    checked(await batches.run(commands))
+
+
+def checked(replies: list[Any]) -> list[Any]:
+    """`replies`, unless Redis refused one of their commands: then that refusal, raised."""
     refused = next((r for r in replies if isinstance(r, Exception)), None)
     if refused is not None:
         raise refused
+    return replies

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from middleware.resume.redis_batch import Batches
+from middleware.resume.redis_connect import connect
 from sidecar.emulator import Stats, make_app
 from tests.support.clients import request
 from tests.support.procs import CHAT, Child, chat
@@ -73,6 +75,7 @@ async def test_streams_spread_over_the_nodes_and_resume_through_a_slot_moved_mid
     async with cluster_group() as group:
         flags = ("--resume", *store_flags(group.url), "--resume-grace", "30")
         a, b = Child(upstream, *flags), Child(upstream, *flags)
+        live = None
         try:
             await a.ready()
             await b.ready()
@@ -101,8 +104,9 @@ async def test_streams_spread_over_the_nodes_and_resume_through_a_slot_moved_mid
             assert await group.owner(moved) == to
             tails = await asyncio.gather(*(resumed(b.port, s, 5) for s in ids))
             live_events = parse(await live_body)
-            live.close()
         finally:
+            if live is not None:  # also when the test failed: its socket is not left open
+                live.close()
             a.kill()
             b.kill()
     assert len(set(owners)) > 1, owners
@@ -124,6 +128,7 @@ async def test_a_node_restarted_mid_stream_gives_a_clear_error_then_a_whole_resu
     async with cluster_group() as group:
         flags = ("--resume", *store_flags(group.url), "--resume-grace", "30")
         a, b = Child(upstream, *flags), Child(upstream, *flags)
+        live = None
         try:
             await a.ready()
             await b.ready()
@@ -150,8 +155,9 @@ async def test_a_node_restarted_mid_stream_gives_a_clear_error_then_a_whole_resu
             await until(restored, 10, "the producer restoring the stream")
             tail = await resumed(b.port, cut_id, 5)
             live_events = parse(await live_body)
-            live.close()
         finally:
+            if live is not None:  # also when the test failed: its socket is not left open
+                live.close()
             a.kill()
             b.kill()
     if status == 200:  # attached before the node was missed: its reader ended with the error
@@ -161,3 +167,33 @@ async def test_a_node_restarted_mid_stream_gives_a_clear_error_then_a_whole_resu
     assert_whole(live_id, live_events, TOKENS)
     assert_whole(cut_id, head + tail, TOKENS)
     assert stats.streams_started == 2
+
+
+async def test_a_write_answered_ask_lands_on_the_importing_node_over_pooled_connections() -> None:
+    """Rule: a store command answered ASK while its slot migrates is sent again to the
+    importing node after ASKING on the same connection, also when the client holds several
+    connections to that node (redis-py's own redirect sends ASKING on one and the command on
+    another: the node answers MOVED, back and forth until redis-py gives up)."""
+    async with cluster_group() as group:
+        client = connect(group.url)
+        batches = Batches(client, cluster=True)
+        try:
+            moved = key("ask")
+            await client.xadd(moved, {"e": "1"}, id="1-1")
+            source = await group.owner(moved)
+            to = next(port for port in group.ports if port != source)
+            names = [key(str(n)) for n in range(64)]
+            served = [name for name in names if await group.owner(name) == to][:4]
+            await asyncio.gather(*(client.exists(name) for name in served * 2))  # a pool to `to`
+            replies = []
+
+            async def writes() -> None:
+                for n in range(2, 6):
+                    replies.extend(await batches.run([("XADD", moved, f"{n}-1", "e", str(n))]))
+
+            await group.move_slot(moved, to, writes)
+            assert replies == [f"{n}-1".encode() for n in range(2, 6)], replies
+            assert await on_node(to, "XLEN", moved) == 5
+        finally:
+            await batches.aclose()
+            await client.aclose()
