@@ -6,7 +6,9 @@ Keys: `redis_keys`; a resume request's cursor: `redis_reader`; what one write ho
 Appends are batched: every stream's events of the last `FLUSH_SECONDS` go in one pipelined
 request, one in flight at a time (never a round trip per token), of at most `BATCH_OPS`
 operations (a backlog goes out in several, back to back); a live stream's expiry is
-refreshed at most once a second. The store never breaks a live stream: a failed write is
+refreshed at most once a second. A stream a reader is attached to (its `:r` key, which each
+write's reply reports) is written in the turn its events come: no reader waits for the
+gathering, once the first write after it attached has told the producer. The store never breaks a live stream: a failed write is
 counted, logged (once a minute at most), and dropped; the producer keeps its own copy of each
 stream (within `max_bytes`, and `ENDED_HOLD` past its end), and once Redis answers again,
 whatever Redis lacks of it is re-appended before anything else is written (`_repair`): after
@@ -33,12 +35,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import AskError, ClusterError, MovedError, TryAgainError
 
 from middleware.resume.ids import same_credentials
-from middleware.resume.redis_batch import Batches, Command
+from middleware.resume.redis_batch import Batches
 from middleware.resume.redis_connect import CLUSTER, ERRORS, connect, shown
 from middleware.resume.redis_keys import PREFIX as PREFIX
 from middleware.resume.redis_keys import REFRESH_SECONDS, REPLICA, STOP, Keys
 from middleware.resume.redis_reader import BLOCK_MS, RedisReader
-from middleware.resume.redis_writes import Appends, SlotAppends, checked, restore_all
+from middleware.resume.redis_writes import Sent, batch_commands, checked, restore_all
 from middleware.resume.store import (
     Limits,
     ResumePointGone,
@@ -64,13 +66,18 @@ LOG_EVERY = 60.0  # seconds between two log lines while the store keeps failing
 _LOSING = (aioredis.ReadOnlyError, ClusterError, TryAgainError, AskError, MovedError)
 
 
+def _done(waiting: asyncio.Future[None]) -> None:
+    if not waiting.done():
+        waiting.set_result(None)
+
+
 class RedisLog:
     """The producing side of one stream: its index, and its own copy of the events it keeps
     (from `first`, within `max_bytes`), from which what a failover lost is re-appended."""
 
     __slots__ = (
         "end_seen", "events", "first", "meta", "n", "outcome", "resumes", "store", "stream_id",
-        "total",
+        "total", "watched",
     )  # fmt: skip
 
     def __init__(self, store: RedisStore, stream_id: str, meta: bytes) -> None:
@@ -84,6 +91,7 @@ class RedisLog:
         self.resumes = 0
         self.end_seen = False
         self.outcome: bytes | None = None
+        self.watched = False  # a reader is attached: its events are written in their turn
 
     @property
     def max_bytes(self) -> int:
@@ -94,6 +102,8 @@ class RedisLog:
         self.events.append(event)
         self.total += len(event)
         self.store.queue(("add", self.stream_id, self.n, event))
+        if self.watched:
+            self.store.hurry()
         if self.total > self.store.limits.max_bytes:
             first = self.first
             while self.total > self.store.limits.max_bytes and len(self.events) > 1:
@@ -143,8 +153,9 @@ class RedisStore:
         self.pending: deque[tuple[str, str, int, bytes]] = deque()
         self.pending_bytes = 0
         self.flushing: asyncio.Task[None] | None = None
+        self.gathering: asyncio.Future[None] | None = None  # `_flush` waiting: `hurry` ends it
         self.refreshed: dict[str, float] = {}  # a live stream's keys: expiry last set at
-        self.opened = False  # a stream was opened since the last write: write it at once
+        self.opened = False  # a stream was opened (or a watched one appended): write at once
         self.background: list[asyncio.Task[None]] = []
         self.failures = 0
         self.failing = False
@@ -154,6 +165,7 @@ class RedisStore:
         # write first restores them (`_repair`).
         self.suspect = False
         self.logs: dict[str, RedisLog] = {}  # produced here, live or ended `ENDED_HOLD` ago
+        self.watching: set[str] = set()  # of `logs`, those a reader is attached to
 
     # -- the producing side: sync, never raising ------------------------------------------
 
@@ -167,7 +179,11 @@ class RedisStore:
         return log
 
     def ended(self, stream_id: str) -> None:
-        asyncio.get_running_loop().call_later(ENDED_HOLD, self.logs.pop, stream_id, None)
+        asyncio.get_running_loop().call_later(ENDED_HOLD, self._forget, stream_id)
+
+    def _forget(self, stream_id: str) -> None:
+        self.logs.pop(stream_id, None)
+        self.watching.discard(stream_id)
 
     def queue(self, item: tuple[str, str, int, bytes]) -> None:
         self.pending.append(item)
@@ -178,6 +194,23 @@ class RedisStore:
             self.pending_bytes = 0
         if self.flushing is None:
             self.flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    def hurry(self) -> None:
+        """Write what is queued in the next turn, not after the gathering."""
+        self.opened = True
+        if self.gathering is not None and not self.gathering.done():
+            self.gathering.set_result(None)
+
+    async def _gather(self) -> None:
+        """`FLUSH_SECONDS`, or less if `hurry` is called meanwhile."""
+        loop = asyncio.get_running_loop()
+        self.gathering = waiting = loop.create_future()
+        timer = loop.call_later(FLUSH_SECONDS, _done, waiting)
+        try:
+            await waiting
+        finally:
+            timer.cancel()
+            self.gathering = None
 
     def retract(self, count: int) -> None:
         pending = self.pending
@@ -190,8 +223,10 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         try:
             while self.pending or self.suspect:
-                backlog = len(self.pending) >= BATCH_OPS  # no gathering: write what waits
-                await asyncio.sleep(0 if self.opened or backlog else FLUSH_SECONDS)
+                if self.opened or len(self.pending) >= BATCH_OPS:  # a backlog: write what waits
+                    await asyncio.sleep(0)  # what this turn appends still goes in
+                else:
+                    await self._gather()
                 if self.suspect:
                     if not await self._repair():  # again in a second, until Redis is back
                         await asyncio.sleep(REFRESH_SECONDS)
@@ -200,42 +235,38 @@ class RedisStore:
                 take = self.pending.popleft
                 batch = [take() for _ in range(min(BATCH_OPS, len(self.pending)))]
                 self.pending_bytes -= sum(len(item[3]) for item in batch)
-                ttl = int(self.limits.ttl * 1000)
-                commands: list[Command] = []
-                touched: set[str] = set()
-                now, refreshed, keys = loop.time(), self.refreshed, self.keys
-                adds = SlotAppends(self.client.keyslot) if self.cluster else Appends()
-                for op, stream_id, n, data in batch:
-                    key = keys.stream(stream_id)
-                    if op == "add":
-                        adds.add(key, n, data)
-                        if now - refreshed.get(key, 0.0) > REFRESH_SECONDS:
-                            refreshed[key] = now
-                            touched.add(key)
-                        continue
-                    adds.write(commands)  # before this stream's trim or end, in order
-                    if op == "trim":
-                        commands.append(("XTRIM", key, "MINID", f"{n}-0"))
-                    elif op == "open":
-                        commands.append(("SET", f"{key}:m", data, "PX", ttl))
-                    else:
-                        commands.append(("XADD", key, f"{n}-1", b"end", data))
-                        refreshed.pop(key, None)
-                        touched.add(key)
-                adds.write(commands)
-                for key in touched:  # a live stream's keys last `ttl` past its last write
-                    commands.append(("PEXPIRE", key, ttl))
-                    commands.append(("PEXPIRE", f"{key}:m", ttl))
+                slot = self.client.keyslot if self.cluster else None
+                commands, sent = batch_commands(
+                    batch, self.keys, slot, int(self.limits.ttl * 1000), self.refreshed, loop.time()
+                )
                 # A command Redis refused (a server without scripting, a key of another
                 # type): counted and logged like a lost connection, not passed over.
                 try:
-                    checked(await self.batches.run(commands))
+                    replies = checked(await self.batches.run(commands))
                 except ERRORS as exc:
                     self.failed(exc)
                 else:
                     self.failing = False
+                    self._watched(sent, replies)
         finally:
             self.flushing = None
+
+    def _watched(self, sent: Sent, replies: list[Any]) -> None:
+        """Each written stream's `watched`, as its script call's reply says (nearly always
+        nothing to do: no stream of the call watched, before or now)."""
+        for at, keys in sent:
+            numbers = replies[at]
+            if not numbers and not self.watching:
+                continue
+            for number, key in enumerate(keys, 1):
+                stream_id = self.keys.stream_id(key)
+                log = self.logs.get(stream_id)
+                if log is not None and log.watched != (number in numbers):
+                    log.watched = number in numbers
+                    if log.watched:
+                        self.watching.add(stream_id)
+                    else:
+                        self.watching.discard(stream_id)
 
     async def _repair(self) -> bool:
         """Every held stream's last entry in Redis, then what it lacks after it, from the

@@ -8,7 +8,8 @@ the stream's own keys are `{<id>}`, `{<id>}:m`, `{<id>}:r`: `Keys`):
 - `<id>:m` — JSON: the credential hash `c` (`ids.credential_hash`), the producing replica
   `r`, the first response's allowed origin `o`, the generating span `t`; same expiry;
 - `<id>:r` — present while a reader on some replica is attached (refreshed by it), so the
-  producing replica's grace period waits for it;
+  producing replica's grace period waits for it, and writes the stream's events in the turn
+  they come rather than every `FLUSH_SECONDS`;
 - `replica:<replica>` — the producing replica's liveness, refreshed every second with a
   3 s expiry: a reader whose producer vanished ends with a terminal `upstream_error`;
 - channel `stop` — DELETE on any replica publishes the id; its producer stops it. On a
@@ -36,3 +37,7 @@ class Keys:
 
     def stream(self, stream_id: str) -> str:
         return f"{PREFIX}{self.left}{stream_id}{self.right}"
+
+    def stream_id(self, key: str) -> str:
+        """`stream`'s inverse."""
+        return key[len(PREFIX) + len(self.left) : len(key) - len(self.right)]

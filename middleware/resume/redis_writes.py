@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from middleware.resume.redis_batch import Batches, Command
+from middleware.resume.redis_keys import REFRESH_SECONDS, Keys
 
 # A stream as its producer holds it: its key, its meta, its first kept event's number, the
 # events it keeps, the last one's number, and its outcome once it ended.
@@ -25,26 +26,39 @@ Held = tuple[str, bytes, int, Sequence[bytes], int, bytes | None]
 # places (key number, entry number, length each), so that the call has a few arguments
 # whatever the run's length. Each XADD stands alone, as separate commands did: one that fails
 # (pcall) does not stop the rest. Sent whole (EVAL, not EVALSHA): Redis caches the compiled
-# script, and a restarted Redis needs nothing loaded again.
+# script, and a restarted Redis needs nothing loaded again. It answers the numbers of the
+# streams a reader is attached to (`<key>:r`, in the stream's slot), which the producer then
+# writes in the turn their events come (`RedisLog.watched`).
 _ADD_EACH = """
-local events, at = ARGV[1], 1
+local events, at, watched = ARGV[1], 1, {}
 for key, n, size in string.gmatch(ARGV[2], '(%d+) (%d+) (%d+)') do
   local stop = at + tonumber(size)
   redis.pcall('XADD', KEYS[tonumber(key)], n .. '-1', 'e', string.sub(events, at, stop - 1))
   at = stop
 end
+for number, key in ipairs(KEYS) do
+  if redis.pcall('EXISTS', key .. ':r') == 1 then watched[#watched + 1] = number end
+end
+return watched
 """
 
 
+# A script call's place in its request and the stream keys it names, in order: its reply
+# names the watched ones by their numbers there (from 1).
+Sent = list[tuple[int, tuple[str, ...]]]
+
+
 class Appends:
-    """A run of appends to one or more streams, written as one `_ADD_EACH` call."""
+    """A run of appends to one or more streams, written as one `_ADD_EACH` call (each call
+    noted in `sent` when given)."""
 
-    __slots__ = ("events", "keys", "places")
+    __slots__ = ("events", "keys", "places", "sent")
 
-    def __init__(self) -> None:
+    def __init__(self, sent: Sent | None = None) -> None:
         self.keys: dict[str, int] = {}  # stream key -> its number in the call's KEYS (from 1)
         self.events: list[bytes] = []
         self.places: list[str] = []
+        self.sent = sent
 
     def add(self, key: str, n: int, event: bytes) -> None:
         number = self.keys.setdefault(key, len(self.keys) + 1)
@@ -55,6 +69,8 @@ class Appends:
         """Add the call to `commands` (nothing when the run is empty) and start a new run."""
         if self.events:
             keys, events, places = self.keys, b"".join(self.events), " ".join(self.places)
+            if self.sent is not None:
+                self.sent.append((len(commands), tuple(keys)))
             commands.append(("EVAL", _ADD_EACH, len(keys), *keys, events, places))
             self.keys, self.events, self.places = {}, [], []
 
@@ -64,23 +80,64 @@ class SlotAppends:
     (a stream's keys share one: `redis_keys.Keys`), each its own call, sent to that slot's
     node by the cluster pipeline."""
 
-    __slots__ = ("runs", "slot")
+    __slots__ = ("runs", "sent", "slot")
 
-    def __init__(self, slot: Callable[[str], int]) -> None:
+    def __init__(self, slot: Callable[[str], int], sent: Sent | None = None) -> None:
         self.slot = slot  # the client's `keyslot`
+        self.sent = sent
         self.runs: dict[int, Appends] = {}
 
     def add(self, key: str, n: int, event: bytes) -> None:
         slot = self.slot(key)
         run = self.runs.get(slot)
         if run is None:
-            run = self.runs[slot] = Appends()
+            run = self.runs[slot] = Appends(self.sent)
         run.add(key, n, event)
 
     def write(self, commands: list[Command]) -> None:
         for run in self.runs.values():
             run.write(commands)
         self.runs.clear()
+
+
+def batch_commands(
+    batch: Sequence[tuple[str, str, int, bytes]],
+    keys: Keys,
+    slot: Callable[[str], int] | None,
+    ttl: int,
+    refreshed: dict[str, float],
+    now: float,
+) -> tuple[list[Command], Sent]:
+    """The commands that write `batch` (the store's queued operations, in order: "open",
+    "add", "trim", "end"), and where their script calls are; `slot`, a cluster's `keyslot`.
+    A live stream's keys get their expiry again at most every `REFRESH_SECONDS` (`refreshed`:
+    when each was last set)."""
+    commands: list[Command] = []
+    sent: Sent = []
+    touched: set[str] = set()
+    adds = Appends(sent) if slot is None else SlotAppends(slot, sent)
+    for op, stream_id, n, data in batch:
+        key = keys.stream(stream_id)
+        if op == "add":
+            adds.add(key, n, data)
+            if now - refreshed.get(key, 0.0) > REFRESH_SECONDS:
+                refreshed[key] = now
+                touched.add(key)
+            continue
+        adds.write(commands)  # before this stream's trim or end, in order
+        if op == "trim":
+            commands.append(("XTRIM", key, "MINID", f"{n}-0"))
+        elif op == "open":
+            commands.append(("SET", f"{key}:m", data, "PX", ttl))
+        else:
+            commands.append(("XADD", key, f"{n}-1", b"end", data))
+            refreshed.pop(key, None)
+            touched.add(key)
+    adds.write(commands)
+    for key in touched:  # a live stream's keys last `ttl` past its last write
+        commands.append(("PEXPIRE", key, ttl))
+        commands.append(("PEXPIRE", f"{key}:m", ttl))
+    return commands, sent
 
 
 def stored_up_to(top: Sequence[Any]) -> int | None:
