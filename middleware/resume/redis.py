@@ -6,9 +6,9 @@ Keys: `redis_keys`; a resume request's cursor: `redis_reader`; what one write ho
 Appends are batched: every stream's events of the last `FLUSH_SECONDS` go in one pipelined
 request, one in flight at a time (never a round trip per token), of at most `BATCH_OPS`
 operations (a backlog goes out in several, back to back); a live stream's expiry is
-refreshed at most once a second. A stream a reader is attached to (its `:r` key, which each
-write's reply reports) is written in the turn its events come: no reader waits for the
-gathering, once the first write after it attached has told the producer. The store never breaks a live stream: a failed write is
+refreshed at most once a second, and the write that refreshes it says whether a reader is
+attached to the stream (its `:r` key): such a stream is written in the turn its events come,
+from then until a write says its reader has gone. The store never breaks a live stream: a failed write is
 counted, logged (once a minute at most), and dropped; the producer keeps its own copy of each
 stream (within `max_bytes`, and `ENDED_HOLD` past its end), and once Redis answers again,
 whatever Redis lacks of it is re-appended before anything else is written (`_repair`): after
@@ -165,7 +165,6 @@ class RedisStore:
         # write first restores them (`_repair`).
         self.suspect = False
         self.logs: dict[str, RedisLog] = {}  # produced here, live or ended `ENDED_HOLD` ago
-        self.watching: set[str] = set()  # of `logs`, those a reader is attached to
 
     # -- the producing side: sync, never raising ------------------------------------------
 
@@ -179,11 +178,7 @@ class RedisStore:
         return log
 
     def ended(self, stream_id: str) -> None:
-        asyncio.get_running_loop().call_later(ENDED_HOLD, self._forget, stream_id)
-
-    def _forget(self, stream_id: str) -> None:
-        self.logs.pop(stream_id, None)
-        self.watching.discard(stream_id)
+        asyncio.get_running_loop().call_later(ENDED_HOLD, self.logs.pop, stream_id, None)
 
     def queue(self, item: tuple[str, str, int, bytes]) -> None:
         self.pending.append(item)
@@ -252,21 +247,12 @@ class RedisStore:
             self.flushing = None
 
     def _watched(self, sent: Sent, replies: list[Any]) -> None:
-        """Each written stream's `watched`, as its script call's reply says (nearly always
-        nothing to do: no stream of the call watched, before or now)."""
-        for at, keys in sent:
-            numbers = replies[at]
-            if not numbers and not self.watching:
-                continue
-            for number, key in enumerate(keys, 1):
-                stream_id = self.keys.stream_id(key)
-                log = self.logs.get(stream_id)
-                if log is not None and log.watched != (number in numbers):
-                    log.watched = number in numbers
-                    if log.watched:
-                        self.watching.add(stream_id)
-                    else:
-                        self.watching.discard(stream_id)
+        """`watched` of each stream a script call was asked about, as its reply says."""
+        for at, asked in sent:
+            for key, attached in zip(asked, replies[at], strict=True):
+                log = self.logs.get(self.keys.stream_id(key))
+                if log is not None:
+                    log.watched = attached == 1
 
     async def _repair(self) -> bool:
         """Every held stream's last entry in Redis, then what it lacks after it, from the

@@ -26,25 +26,26 @@ Held = tuple[str, bytes, int, Sequence[bytes], int, bytes | None]
 # places (key number, entry number, length each), so that the call has a few arguments
 # whatever the run's length. Each XADD stands alone, as separate commands did: one that fails
 # (pcall) does not stop the rest. Sent whole (EVAL, not EVALSHA): Redis caches the compiled
-# script, and a restarted Redis needs nothing loaded again. It answers the numbers of the
-# streams a reader is attached to (`<key>:r`, in the stream's slot), which the producer then
-# writes in the turn their events come (`RedisLog.watched`).
+# script, and a restarted Redis needs nothing loaded again. For the streams it is asked
+# about (their key numbers in ARGV[3]: `Appends.ask`), it answers 1 where a reader is
+# attached (`<key>:r`, in the stream's slot), 0 where none: the producer writes the first
+# kind in the turn their events come (`RedisLog.watched`).
 _ADD_EACH = """
-local events, at, watched = ARGV[1], 1, {}
+local events, at, readers = ARGV[1], 1, {}
 for key, n, size in string.gmatch(ARGV[2], '(%d+) (%d+) (%d+)') do
   local stop = at + tonumber(size)
   redis.pcall('XADD', KEYS[tonumber(key)], n .. '-1', 'e', string.sub(events, at, stop - 1))
   at = stop
 end
-for number, key in ipairs(KEYS) do
-  if redis.pcall('EXISTS', key .. ':r') == 1 then watched[#watched + 1] = number end
+for key in string.gmatch(ARGV[3] or '', '%d+') do
+  readers[#readers + 1] = redis.pcall('EXISTS', KEYS[tonumber(key)] .. ':r')
 end
-return watched
+return readers
 """
 
 
-# A script call's place in its request and the stream keys it names, in order: its reply
-# names the watched ones by their numbers there (from 1).
+# Each script call's place in its request and the stream keys it asked about, in order: its
+# reply says of each whether a reader is attached (1) or not (0).
 Sent = list[tuple[int, tuple[str, ...]]]
 
 
@@ -52,12 +53,13 @@ class Appends:
     """A run of appends to one or more streams, written as one `_ADD_EACH` call (each call
     noted in `sent` when given)."""
 
-    __slots__ = ("events", "keys", "places", "sent")
+    __slots__ = ("asked", "events", "keys", "places", "sent")
 
     def __init__(self, sent: Sent | None = None) -> None:
         self.keys: dict[str, int] = {}  # stream key -> its number in the call's KEYS (from 1)
         self.events: list[bytes] = []
         self.places: list[str] = []
+        self.asked: list[str] = []  # keys, of those added, asked about their readers
         self.sent = sent
 
     def add(self, key: str, n: int, event: bytes) -> None:
@@ -65,14 +67,19 @@ class Appends:
         self.events.append(event)
         self.places.append(f"{number} {n} {len(event)}")
 
+    def ask(self, key: str) -> None:
+        """Have the call say whether a reader is attached to `key`'s stream (added first)."""
+        self.asked.append(key)
+
     def write(self, commands: list[Command]) -> None:
         """Add the call to `commands` (nothing when the run is empty) and start a new run."""
         if self.events:
             keys, events, places = self.keys, b"".join(self.events), " ".join(self.places)
+            asked = " ".join(str(keys[key]) for key in self.asked)
             if self.sent is not None:
-                self.sent.append((len(commands), tuple(keys)))
-            commands.append(("EVAL", _ADD_EACH, len(keys), *keys, events, places))
-            self.keys, self.events, self.places = {}, [], []
+                self.sent.append((len(commands), tuple(self.asked)))
+            commands.append(("EVAL", _ADD_EACH, len(keys), *keys, events, places, asked))
+            self.keys, self.events, self.places, self.asked = {}, [], [], []
 
 
 class SlotAppends:
@@ -94,6 +101,9 @@ class SlotAppends:
             run = self.runs[slot] = Appends(self.sent)
         run.add(key, n, event)
 
+    def ask(self, key: str) -> None:
+        self.runs[self.slot(key)].ask(key)
+
     def write(self, commands: list[Command]) -> None:
         for run in self.runs.values():
             run.write(commands)
@@ -111,7 +121,7 @@ def batch_commands(
     """The commands that write `batch` (the store's queued operations, in order: "open",
     "add", "trim", "end"), and where their script calls are; `slot`, a cluster's `keyslot`.
     A live stream's keys get their expiry again at most every `REFRESH_SECONDS` (`refreshed`:
-    when each was last set)."""
+    when each was last set), and its script call says then whether a reader is attached."""
     commands: list[Command] = []
     sent: Sent = []
     touched: set[str] = set()
@@ -123,6 +133,7 @@ def batch_commands(
             if now - refreshed.get(key, 0.0) > REFRESH_SECONDS:
                 refreshed[key] = now
                 touched.add(key)
+                adds.ask(key)
             continue
         adds.write(commands)  # before this stream's trim or end, in order
         if op == "trim":
