@@ -1,4 +1,4 @@
-"""`python -m bench.lab.stream_bytecodes [--otel] [--top N]`: the Python bytecodes the running
+"""`python -m bench.lab.stream_bytecodes [--otel] [--top N] [--flags F]`: the Python bytecodes the running
 sidecar executes per stream and per relayed token, function by function, every layer
 included (server, proxy, guard, forced usage, telemetry when on).
 
@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--tokens", default="5,55", help="two stream lengths, T1,T2")
     parser.add_argument("--top", type=int, default=30, help="functions listed (default 30)")
+    parser.add_argument("--flags", default="", help="more sidecar flags, e.g. --flags=--resume")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -114,7 +116,7 @@ def main() -> int:
         stack.callback(emulator.kill)
         dump = Path(tmp) / "counts.json"
         argv = ["--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{upstream}"]
-        argv += ["--admin-listen", f"127.0.0.1:{admin}"]
+        argv += ["--admin-listen", f"127.0.0.1:{admin}", *shlex.split(args.flags)]
         cmd = [PY, "-m", "bench.lab.stream_bytecodes", "--serve", str(dump), *argv]
         sidecar = subprocess.Popen(cmd, env=env, **quiet)
         stack.callback(sidecar.wait)
