@@ -66,6 +66,15 @@ LOG_EVERY = 60.0  # seconds between two log lines while the store keeps failing
 _LOSING = (aioredis.ReadOnlyError, ClusterError, TryAgainError, AskError, MovedError)
 
 
+def watched(logs: dict[str, RedisLog], keys: Keys, sent: Sent, replies: list[Any]) -> None:
+    """`watched` of each stream a write's script calls were asked about, as they answer."""
+    for at, asked in sent:
+        for key, attached in zip(asked, replies[at], strict=True):
+            log = logs.get(keys.stream_id(key))
+            if log is not None:
+                log.watched = attached == 1
+
+
 def _done(waiting: asyncio.Future[None]) -> None:
     if not waiting.done():
         waiting.set_result(None)
@@ -242,17 +251,9 @@ class RedisStore:
                     self.failed(exc)
                 else:
                     self.failing = False
-                    self._watched(sent, replies)
+                    watched(self.logs, self.keys, sent, replies)
         finally:
             self.flushing = None
-
-    def _watched(self, sent: Sent, replies: list[Any]) -> None:
-        """`watched` of each stream a script call was asked about, as its reply says."""
-        for at, asked in sent:
-            for key, attached in zip(asked, replies[at], strict=True):
-                log = self.logs.get(self.keys.stream_id(key))
-                if log is not None:
-                    log.watched = attached == 1
 
     async def _repair(self) -> bool:
         """Every held stream's last entry in Redis, then what it lacks after it, from the
