@@ -24,6 +24,7 @@ FLAGS = ["-O2", "-Wall", "-Werror=implicit-function-declaration"]
 # (docs/performance.md, "Cython for the frame").
 CYTHON: dict[str, str] = {
     "middleware.telemetry._otlp": "middleware/telemetry/otlp_attributes.py",
+    "middleware.resume._stamper": "middleware/resume/stamper.py",
 }
 # The `.pxd` alone gives the C types: the annotations in the `.py` are for mypy.
 DIRECTIVES = {

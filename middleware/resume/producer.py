@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING
 from middleware.dialects import select
 from middleware.errors import Cancelled, Outcome, StreamError
 from middleware.phases import Phase
-from middleware.resume.stamper import Stamper
+from middleware.speedups import compiled
+
+if TYPE_CHECKING:
+    from middleware.resume.stamper import Stamper
+else:  # stamper.py compiled by Cython (setup.py), where it was built: the same source
+    _stamper = compiled("middleware.resume._stamper")
+    if _stamper is not None:
+        Stamper = _stamper.Stamper
+    else:
+        from middleware.resume.stamper import Stamper
 from middleware.resume.store import ProducerLog
 from middleware.sse import LineState
 from middleware.stream_response import terminal_event

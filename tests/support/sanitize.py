@@ -41,6 +41,7 @@ TESTS = [
     "tests/unit/test_headers.py",
     "tests/unit/test_read_headers.py",
     "tests/unit/test_response_head.py",
+    "tests/unit/test_resume_stamper.py",
     "tests/unit/test_twins_fuzz.py",
 ]
 

@@ -38,6 +38,7 @@ def test_a_build_without_a_compiler_falls_back_to_pure_python(tmp_path: Path) ->
     assert "sidecar._heads is not built" in output
     assert "middleware._usage is not built" in output
     assert "middleware.telemetry._otlp is not built" in output
+    assert "middleware.resume._stamper is not built" in output
     assert "sidecar._uvread is not built" in output  # no twin: uvloop's own reads then
     (wheel,) = tmp_path.glob("sidestream-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from middleware.resume.producer import Stamper  # the compiled one where built
 from middleware.resume.redis import RedisStore
-from middleware.resume.stamper import Stamper
 from middleware.resume.store import Limits, ResumeGap
 from tests.support.clients import request
 from tests.support.procs import Child, get

@@ -32,6 +32,7 @@ compiled_sidecar = built("sidecar._core")
 compiled_heads = built("sidecar._heads")
 compiled_usage = built("middleware._usage")
 compiled_otlp = built("middleware.telemetry._otlp")
+compiled_stamper = built("middleware.resume._stamper")
 TWINS = ["python", "compiled"]
 
 
@@ -40,6 +41,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
     would otherwise make both runs of the suite pure Python); with it, the Python one is."""
     from middleware import usage
     from middleware.relay import Relay
+    from middleware.resume import producer, stamper
     from middleware.telemetry import otlp_encoder
     from sidecar import head_rules, headers
     from sidecar.servers import response_head
@@ -56,9 +58,10 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert connection.read_headers is head_rules.read_headers
         assert usage._compiled is None
         assert otlp_encoder._compiled is None
+        assert producer.Stamper is stamper.Stamper
     else:
         built = (compiled_relay, compiled_frame, compiled_sidecar, compiled_heads)
-        assert None not in (*built, compiled_usage, compiled_otlp), "not built"
+        assert None not in (*built, compiled_usage, compiled_otlp, compiled_stamper), "not built"
         assert Relay.__mro__[1] is compiled_relay.RelayCore
         assert speedups.Frame is compiled_frame.Frame
         assert H1Connection.__mro__[1] is compiled_sidecar.H1Core
@@ -68,6 +71,7 @@ def test_the_run_uses_the_core_it_asked_for() -> None:
         assert connection.read_headers is compiled_heads.read_headers
         assert usage._compiled is compiled_usage
         assert otlp_encoder._compiled is compiled_otlp
+        assert producer.Stamper is compiled_stamper.Stamper
 
 
 def test_a_core_that_is_not_built_is_named_where_the_user_reads_it(

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from middleware.resume.memory import MemoryStore
-from middleware.resume.stamper import Stamper
+from middleware.resume.producer import Stamper  # the compiled one where built
 from middleware.resume.store import LOST, Limits, ResumeGap
 
 SID = "A" * 22

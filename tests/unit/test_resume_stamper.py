@@ -1,16 +1,21 @@
 """The event stamper (`middleware.resume.stamper`): ids on events only, upstream ids replaced
-in place, nothing held back, the same bytes whatever the chunking, and `undo`."""
+in place, nothing held back, the same bytes whatever the chunking, and `undo`; compiled by
+Cython where built, the same as interpreted."""
 
 from __future__ import annotations
 
 import itertools
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from middleware.resume.stamper import Stamper
+from middleware.resume import stamper as stamper_module
+from middleware.resume.producer import Stamper  # the compiled one where built
 from middleware.sse import LineState, advance
 from middleware.usage_hide import HideUsage
+from tests.support.compiled import built
+from tests.support.fuzzing import examples
 
 SID = "A" * 22
 
@@ -124,3 +129,44 @@ def test_an_edit_before_the_stamp_hides_its_event_from_the_ids_and_undoes_with_i
     assert stamper.events == 1 and log.events == [first]
     assert stamper(b"data: [DONE]\n\n") == done == f"data: [DONE]\nid: {SID}:2\n\n".encode()
     assert log.events == [first, done]
+
+
+# What an upstream may send, in pieces: events, upstream ids (whole and cut), comments, every
+# line end, blank lines, usage-free data of any length.
+PIECES = st.sampled_from(
+    [b"data: x", b"data: ", b"id: 7", b"id", b"i", b": c", b"event: e", b"\n", b"\r", b"\r\n",
+     b"\n\n", b'data: {"choices":[{"delta":{"content":"t"}}]}\n\n', b"x" * 40]
+)  # fmt: skip
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(PIECES, max_size=40),
+    st.lists(st.integers(min_value=0, max_value=2000), max_size=10),
+    st.sets(st.integers(min_value=0, max_value=12), max_size=4),
+    st.integers(min_value=1, max_value=120),
+)
+def test_the_compiled_stamper_stamps_any_bytes_as_the_python_one(
+    pieces: list[bytes], cuts: list[int], undone: set[int], max_event: int
+) -> None:
+    """Twins: the stamper compiled by Cython (the same source, `setup.py`) gives the same
+    bytes, logged events and count as the interpreted one for any input, any split, any
+    chunk undone (and sent again), and any bound on an event's size."""
+    compiled = built("middleware.resume._stamper")
+    if compiled is None:
+        pytest.fail("the compiled stamper is not built: `make install` builds it (needs gcc)")
+    data = b"".join(pieces)
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    runs = []
+    for twin in (stamper_module.Stamper, compiled.Stamper):
+        log = ListLog()
+        stamper = twin(SID, log, max_event)
+        outs = []
+        for number, chunk in enumerate(chunks):
+            if number in undone:
+                stamper(chunk)
+                stamper.undo()
+            outs.append(stamper(chunk))
+        runs.append((outs, log.events, stamper.events))
+    assert runs[0] == runs[1]
