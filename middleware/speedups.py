@@ -6,8 +6,10 @@ place that imports them: the compiled module where it was built and `SIDESTREAM_
 (read here only) is not set, else None and the Python twin runs (the test suite runs once
 each way). The middleware's picks are bound below: `RelayCore` and `Tally`
 (`middleware/_relaycore.c`), `Frame` and `first_token` (`_frame.c`), forced usage's scanner
-(`_usage.c`); the sidecar's in `sidecar.speedups`, which asks `compiled` the same way (this
-package never imports the sidecar). `core()` says which runs, where a user reads it: the
+(`_usage.c`); resume's stamper where it is used (`middleware.resume.producer`: `stamper.py`
+compiled by Cython; binding it here would import the resume package with every module); the
+sidecar's in `sidecar.speedups`, which asks `compiled` the same way (this package never
+imports the sidecar). `core()` says which runs, where a user reads it: the
 sidecar's start line and `sidestream --version`, once both modules have asked.
 """
 
