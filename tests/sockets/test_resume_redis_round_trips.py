@@ -121,6 +121,7 @@ async def test_a_stream_a_reader_is_attached_to_is_written_in_its_turn(
             assert time.monotonic() < deadline, "the first event never came"
             events, _ = await reader.read(10.0)
         assert events == [EVENT + b"1"]
+        await written(store)  # the reader may have it before the producer read the reply
         assert watched.watched and not alone.watched
 
         for n in (2, 3):  # each in the one read it is appended during (BLOCK_MS < GATHERING)
