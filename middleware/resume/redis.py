@@ -8,8 +8,8 @@ request, one in flight at a time (never a round trip per token), of at most `BAT
 operations (a backlog goes out in several, back to back); a live stream's expiry is
 refreshed at most once a second, and the write that refreshes it says whether a reader is
 attached to the stream (its `:r` key): such a stream is written in the turn its events come,
-from then until a write says its reader has gone. The store never breaks a live stream: a failed write is
-counted, logged (once a minute at most), and dropped; the producer keeps its own copy of each
+from then until a write says its reader has gone. The store never breaks a live stream: a
+failed write is counted, logged (once a minute at most), and dropped; the producer keeps its own copy of each
 stream (within `max_bytes`, and `ENDED_HOLD` past its end), and once Redis answers again,
 whatever Redis lacks of it is re-appended before anything else is written (`_repair`): after
 a restart, or a Sentinel failover that lost the writes not yet replicated.
@@ -66,7 +66,7 @@ LOG_EVERY = 60.0  # seconds between two log lines while the store keeps failing
 _LOSING = (aioredis.ReadOnlyError, ClusterError, TryAgainError, AskError, MovedError)
 
 
-def watched(logs: dict[str, RedisLog], keys: Keys, sent: Sent, replies: list[Any]) -> None:
+def mark_watched(logs: dict[str, RedisLog], keys: Keys, sent: Sent, replies: list[Any]) -> None:
     """`watched` of each stream a write's script calls were asked about, as they answer."""
     for at, asked in sent:
         for key, attached in zip(asked, replies[at], strict=True):
@@ -164,7 +164,7 @@ class RedisStore:
         self.flushing: asyncio.Task[None] | None = None
         self.gathering: asyncio.Future[None] | None = None  # `_flush` waiting: `hurry` ends it
         self.refreshed: dict[str, float] = {}  # a live stream's keys: expiry last set at
-        self.opened = False  # a stream was opened (or a watched one appended): write at once
+        self.at_once = False  # a stream was opened, or a watched one appended: write next turn
         self.background: list[asyncio.Task[None]] = []
         self.failures = 0
         self.failing = False
@@ -181,7 +181,7 @@ class RedisStore:
         if not self.background:
             self.start()
         meta = {"c": credentials, "r": self.replica, "o": origin, "t": link}
-        self.opened = True  # its client may resume on another replica at once: no gathering
+        self.at_once = True  # its client may resume on another replica at once: no gathering
         log = self.logs[stream_id] = RedisLog(self, stream_id, json.dumps(meta).encode())
         self.queue(("open", stream_id, 0, log.meta))
         return log
@@ -201,7 +201,7 @@ class RedisStore:
 
     def hurry(self) -> None:
         """Write what is queued in the next turn, not after the gathering."""
-        self.opened = True
+        self.at_once = True
         if self.gathering is not None and not self.gathering.done():
             self.gathering.set_result(None)
 
@@ -227,7 +227,7 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         try:
             while self.pending or self.suspect:
-                if self.opened or len(self.pending) >= BATCH_OPS:  # a backlog: write what waits
+                if self.at_once or len(self.pending) >= BATCH_OPS:  # a backlog: write what waits
                     await asyncio.sleep(0)  # what this turn appends still goes in
                 else:
                     await self._gather()
@@ -235,7 +235,7 @@ class RedisStore:
                     if not await self._repair():  # again in a second, until Redis is back
                         await asyncio.sleep(REFRESH_SECONDS)
                     continue
-                self.opened = False
+                self.at_once = False
                 take = self.pending.popleft
                 batch = [take() for _ in range(min(BATCH_OPS, len(self.pending)))]
                 self.pending_bytes -= sum(len(item[3]) for item in batch)
@@ -251,7 +251,7 @@ class RedisStore:
                     self.failed(exc)
                 else:
                     self.failing = False
-                    watched(self.logs, self.keys, sent, replies)
+                    mark_watched(self.logs, self.keys, sent, replies)
         finally:
             self.flushing = None
 

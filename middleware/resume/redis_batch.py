@@ -45,7 +45,7 @@ class Batches:
         for words in commands:
             pipe.execute_command(*words)
         if not self.cluster:
-            return list(await pipe.execute(raise_on_error=False))
+            return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
         replies = list(await pipe.execute(raise_on_error=False, allow_redirections=False))
         for at, reply in enumerate(replies):
             if isinstance(reply, MovedError | TryAgainError) or (
@@ -66,8 +66,6 @@ class Batches:
         node = self.asked.get((host, port))
         if node is None:
             options = {**self.client.get_connection_kwargs(), "max_connections": 1}
-            options.pop("host", None)
-            options.pop("port", None)
             node = self.asked[host, port] = ClusterNode(host, port, **options)
         try:
             await node.execute_command("ASKING")

@@ -37,7 +37,7 @@ for key, n, size in string.gmatch(ARGV[2], '(%d+) (%d+) (%d+)') do
   redis.pcall('XADD', KEYS[tonumber(key)], n .. '-1', 'e', string.sub(events, at, stop - 1))
   at = stop
 end
-for key in string.gmatch(ARGV[3] or '', '%d+') do
+for key in string.gmatch(ARGV[3], '%d+') do
   readers[#readers + 1] = redis.pcall('EXISTS', KEYS[tonumber(key)] .. ':r')
 end
 return readers
